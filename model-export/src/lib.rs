@@ -1,0 +1,105 @@
+//! Checkpoint -> model package: ONNX graphs written from the weights by this crate (no
+//! tracer, no Python), the tokenizer, and a manifest with checksums and provenance.
+
+pub mod graph;
+pub mod proto;
+pub mod transformer;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::Device;
+use model_package::{files, special, Limits, Manifest};
+use prost::Message;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ExportArgs {
+    /// Checkpoint directory (e.g. runs/en-es/best) holding config.json and model.safetensors.
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// Tokenizer to ship; defaults to the one recorded in the checkpoint's trainer state.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Output directory of the model package (created or overwritten).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Model name clients use to pick this package.
+    #[arg(long, default_value = "en-es-transformer")]
+    pub name: String,
+    /// Source language code.
+    #[arg(long, default_value = "en")]
+    pub source_language: String,
+    /// Target language code.
+    #[arg(long, default_value = "es")]
+    pub target_language: String,
+    /// Longest source (subwords, EOS included) the package accepts. Defaults, for models with
+    /// absolute positions, to the longest training source (--max-len of the run); positions
+    /// past it were never seen in training.
+    #[arg(long)]
+    pub max_source_tokens: Option<usize>,
+    /// Decoding stops after this many target subwords.
+    #[arg(long, default_value_t = 256)]
+    pub max_target_tokens: usize,
+    /// JSON file with evaluation results to record in the manifest.
+    #[arg(long)]
+    pub evaluation: Option<PathBuf>,
+}
+
+fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Result<()> {
+    std::fs::write(path, model.encode_to_vec())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes the package and returns its manifest.
+pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
+    let model = nmt_train::checkpoint::load_model(&args.checkpoint, &Device::Cpu)?;
+    let state = nmt_train::checkpoint::load_state(&args.checkpoint).ok();
+    let tokenizer = match (&args.tokenizer, &state) {
+        (Some(t), _) => t.clone(),
+        (None, Some(s)) => PathBuf::from(&s.tokenizer),
+        (None, None) => anyhow::bail!("no --tokenizer given and the checkpoint records none"),
+    };
+    let training_max_len = state
+        .as_ref()
+        .and_then(|s| s.args.get("max_len"))
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize);
+    // Every position encoding this exporter knows is absolute; relative models (issue 4)
+    // will declare no limit of their own.
+    let max_source_tokens = args.max_source_tokens.or(training_max_len);
+
+    std::fs::create_dir_all(&args.out)?;
+    let (encoder, decoder) = transformer::export(&model)?;
+    write_onnx(&args.out.join(files::ENCODER), &encoder)?;
+    write_onnx(&args.out.join(files::DECODER), &decoder)?;
+    std::fs::copy(&tokenizer, args.out.join(files::TOKENIZER))
+        .with_context(|| format!("copying {}", tokenizer.display()))?;
+    let evaluation = match &args.evaluation {
+        Some(p) => serde_json::from_str(&std::fs::read_to_string(p)?)?,
+        None => serde_json::Value::Null,
+    };
+    let mut manifest = Manifest {
+        format_version: model_package::manifest::FORMAT_VERSION,
+        name: args.name.clone(),
+        source_language: args.source_language.clone(),
+        target_language: args.target_language.clone(),
+        config: model.config.clone(),
+        pad_id: special::PAD,
+        bos_id: special::BOS,
+        eos_id: special::EOS,
+        unk_id: special::UNK,
+        decoder_state: transformer::decoder_state(&model.config),
+        limits: Limits {
+            max_source_tokens,
+            max_target_tokens: args.max_target_tokens,
+        },
+        files: Default::default(),
+        training: serde_json::to_value(&state)?,
+        evaluation,
+    };
+    manifest.write(
+        &args.out,
+        &[files::ENCODER, files::DECODER, files::TOKENIZER],
+    )?;
+    Ok(manifest)
+}

@@ -1,0 +1,424 @@
+//! ONNX graphs of [`nmt_train::model::Transformer`]: the encoder (run once per sentence) and
+//! one decoder step with a KV cache, following the contract in `model_package::names`.
+//!
+//! Every op mirrors the candle forward pass in the same order (scale after `QK^T`, mask bias
+//! added after scaling, sinusoid angles from the same f32 constants), so the two agree to
+//! float rounding; the parity tests hold them to 1e-4.
+
+use candle_core::Tensor;
+use candle_nn::Linear;
+use model_package::{names, AbsolutePosition, Dim, ModelConfig, NormPlacement, StateSpec};
+use nmt_train::model::{
+    sinusoid_inverse_frequencies, Attention, FeedForward, LayerNorm, Transformer, MASKED_SCORE,
+};
+
+use crate::graph::{attr_int, Axis, ElemType, Graph};
+use crate::proto::ModelProto;
+
+type Result<T> = candle_core::Result<T>;
+
+fn values(t: &Tensor) -> Result<Vec<f32>> {
+    t.flatten_all()?.to_vec1::<f32>()
+}
+
+/// `x @ W^T + b` (candle stores `W` as `[out, in]`; the graph gets `W^T`).
+fn linear(g: &mut Graph, layer: &Linear, x: &str, hint: &str) -> Result<String> {
+    let w = layer.weight().t()?.contiguous()?;
+    let (fan_in, fan_out) = w.dims2()?;
+    let w = g.weight(&format!("{hint}.weight"), &[fan_in, fan_out], &values(&w)?);
+    let y = g.matmul(x, &w);
+    match layer.bias() {
+        Some(b) => {
+            let b = g.weight(&format!("{hint}.bias"), &[fan_out], &values(b)?);
+            Ok(g.add(&y, &b))
+        }
+        None => Ok(y),
+    }
+}
+
+fn layer_norm(g: &mut Graph, norm: &LayerNorm, x: &str, hint: &str) -> Result<String> {
+    let d = norm.weight.dim(0)?;
+    let w = g.weight(&format!("{hint}.weight"), &[d], &values(&norm.weight)?);
+    let b = g.weight(&format!("{hint}.bias"), &[d], &values(&norm.bias)?);
+    Ok(g.layer_norm(x, &w, &b, norm.eps))
+}
+
+/// The residual block of `nmt_train::model::residual`, without dropout.
+fn residual(
+    g: &mut Graph,
+    x: &str,
+    norm: &LayerNorm,
+    placement: NormPlacement,
+    hint: &str,
+    sublayer: impl FnOnce(&mut Graph, &str) -> Result<String>,
+) -> Result<String> {
+    match placement {
+        NormPlacement::Pre => {
+            let h = layer_norm(g, norm, x, hint)?;
+            let y = sublayer(g, &h)?;
+            Ok(g.add(x, &y))
+        }
+        NormPlacement::Post => {
+            let y = sublayer(g, x)?;
+            let sum = g.add(x, &y);
+            layer_norm(g, norm, &sum, hint)
+        }
+    }
+}
+
+struct Exporter<'a> {
+    model: &'a Transformer,
+    config: &'a ModelConfig,
+}
+
+impl Exporter<'_> {
+    /// `[batch, len, d]` -> `[batch, heads, len, head_dim]`
+    fn split_heads(&self, g: &mut Graph, x: &str) -> String {
+        let (h, dh) = (self.config.num_heads as i64, self.config.head_dim() as i64);
+        let x = g.reshape(x, &[0, 0, h, dh]);
+        g.transpose(&x, &[0, 2, 1, 3])
+    }
+
+    /// Attention of `query` `[batch, q_len, d]` over precomputed heads
+    /// (`keys`/`values` `[batch, heads, k_len, head_dim]`) with an additive `bias`.
+    fn attend(
+        &self,
+        g: &mut Graph,
+        attn: &Attention,
+        query: &str,
+        keys: &str,
+        vals: &str,
+        bias: &str,
+    ) -> Result<String> {
+        let q = linear(g, &attn.q_proj, query, "q_proj")?;
+        let q = self.split_heads(g, &q);
+        let kt = g.transpose(keys, &[0, 1, 3, 2]);
+        let scores = g.matmul(&q, &kt);
+        let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
+        let scores = g.mul(&scores, &scale);
+        let scores = g.add(&scores, bias);
+        let probs = g.softmax_last(&scores);
+        let context = g.matmul(&probs, vals);
+        let context = g.transpose(&context, &[0, 2, 1, 3]);
+        let context = g.reshape(&context, &[0, 0, self.config.d_model as i64]);
+        linear(g, &attn.out_proj, &context, "out_proj")
+    }
+
+    fn project_heads(&self, g: &mut Graph, layer: &Linear, x: &str, hint: &str) -> Result<String> {
+        let y = linear(g, layer, x, hint)?;
+        Ok(self.split_heads(g, &y))
+    }
+
+    fn feed_forward(&self, g: &mut Graph, ffn: &FeedForward, x: &str) -> Result<String> {
+        let h = linear(g, &ffn.fc1, x, "fc1")?;
+        let h = g.op("Relu", &[&h], vec![]);
+        linear(g, &ffn.fc2, &h, "fc2")
+    }
+
+    /// `[n]` int64 positions -> `[n, d]` (sin on even dims, cos on odd dims).
+    fn sinusoid(&self, g: &mut Graph, positions: &str) -> String {
+        let d = self.config.d_model;
+        let inv = g.weight(
+            "inverse_frequencies",
+            &[d / 2],
+            &sinusoid_inverse_frequencies(d),
+        );
+        let p = g.cast(positions, ElemType::F32);
+        let p = g.unsqueeze(&p, &[1]);
+        let angles = g.mul(&p, &inv);
+        let sin = g.op("Sin", &[&angles], vec![]);
+        let cos = g.op("Cos", &[&angles], vec![]);
+        let sin = g.unsqueeze(&sin, &[-1]);
+        let cos = g.unsqueeze(&cos, &[-1]);
+        let pairs = g.concat(&[&sin, &cos], -1);
+        g.reshape(&pairs, &[-1, d as i64])
+    }
+
+    /// The shared embedding table `[vocab, d]` as an initializer.
+    fn embedding_table(&self, g: &mut Graph) -> Result<String> {
+        let (v, d) = self.model.embed.dims2()?;
+        Ok(g.weight("embed.weight", &[v, d], &values(&self.model.embed)?))
+    }
+
+    /// Scaled embeddings of `ids` (any shape `[..]`) -> `[.., d]`.
+    fn embed(&self, g: &mut Graph, table: &str, ids: &str) -> String {
+        let x = g.gather(table, ids, 0);
+        let scale = g.float_scalar((self.config.d_model as f32).sqrt());
+        g.mul(&x, &scale)
+    }
+
+    /// `[batch, len]` 1/0 mask -> `[batch, 1, 1, len]` additive bias, as
+    /// `nmt_train::model::padding_bias`.
+    fn padding_bias(&self, g: &mut Graph, mask: &str) -> String {
+        let one = g.float_scalar(1.0);
+        let shifted = g.sub(mask, &one);
+        let big = g.float_scalar(-MASKED_SCORE as f32);
+        let bias = g.mul(&shifted, &big);
+        g.unsqueeze(&bias, &[1, 2])
+    }
+
+    fn final_norm(&self, g: &mut Graph, norm: &Option<LayerNorm>, x: String) -> Result<String> {
+        match norm {
+            Some(n) => g.scoped("final_norm", |g| layer_norm(g, n, &x, "norm")),
+            None => Ok(x),
+        }
+    }
+
+    fn encoder(&self) -> Result<ModelProto> {
+        let cfg = self.config;
+        let mut g = Graph::new();
+        let ids = g.input(
+            names::SOURCE_IDS,
+            ElemType::I64,
+            &["batch".into(), "source_len".into()],
+        );
+        let mask = g.input(
+            names::SOURCE_MASK,
+            ElemType::F32,
+            &["batch".into(), "source_len".into()],
+        );
+        let table = self.embedding_table(&mut g)?;
+        let mut x = g.scoped("embed", |g| -> Result<String> {
+            let words = self.embed(g, &table, &ids);
+            match cfg.absolute_position {
+                AbsolutePosition::Sinusoidal => {
+                    let shape = g.op("Shape", &[&ids], vec![]);
+                    let one = g.int_scalar(1);
+                    let len = g.gather(&shape, &one, 0);
+                    let zero = g.int_scalar(0);
+                    let positions = g.op("Range", &[&zero, &len, &one], vec![]);
+                    let pe = self.sinusoid(g, &positions);
+                    Ok(g.add(&words, &pe))
+                }
+            }
+        })?;
+        let bias = self.padding_bias(&mut g, &mask);
+        for (i, layer) in self.model.encoder.layers.iter().enumerate() {
+            x = g.scoped(&format!("encoder.layers.{i}"), |g| -> Result<String> {
+                let x = g.scoped("self_attn", |g| {
+                    residual(
+                        g,
+                        &x,
+                        &layer.self_attn_norm,
+                        cfg.norm,
+                        "self_attn_norm",
+                        |g, h| {
+                            let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
+                            let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
+                            self.attend(g, &layer.self_attn, h, &k, &v, &bias)
+                        },
+                    )
+                })?;
+                g.scoped("ffn", |g| {
+                    residual(g, &x, &layer.ffn_norm, cfg.norm, "ffn_norm", |g, h| {
+                        self.feed_forward(g, &layer.ffn, h)
+                    })
+                })
+            })?;
+        }
+        let memory = g.scoped("encoder", |g| {
+            self.final_norm(g, &self.model.encoder.final_norm, x)
+        })?;
+
+        let (h, dh) = (cfg.num_heads, cfg.head_dim());
+        let head_axes: Vec<Axis> = vec!["batch".into(), h.into(), "source_len".into(), dh.into()];
+        for (i, layer) in self.model.decoder.layers.iter().enumerate() {
+            let (k, v) = g.scoped(
+                &format!("decoder.layers.{i}.cross_attn"),
+                |g| -> Result<_> {
+                    Ok((
+                        self.project_heads(g, &layer.cross_attn.k_proj, &memory, "k_proj")?,
+                        self.project_heads(g, &layer.cross_attn.v_proj, &memory, "v_proj")?,
+                    ))
+                },
+            )?;
+            g.output(&k, &names::memory_cross_key(i), ElemType::F32, &head_axes);
+            g.output(&v, &names::memory_cross_value(i), ElemType::F32, &head_axes);
+        }
+        g.output(
+            &mask,
+            names::MEMORY_SOURCE_MASK,
+            ElemType::F32,
+            &["batch".into(), "source_len".into()],
+        );
+        Ok(g.finish(
+            "encoder",
+            "Source sentence -> cross-attention keys/values of every decoder layer.",
+        ))
+    }
+
+    fn decoder_step(&self) -> Result<ModelProto> {
+        let cfg = self.config;
+        let (h, dh) = (cfg.num_heads, cfg.head_dim());
+        let mut g = Graph::new();
+        let ids = g.input(names::TARGET_IDS, ElemType::I64, &["batch".into()]);
+        let positions = g.input(names::POSITIONS, ElemType::I64, &["batch".into()]);
+        let source_mask = g.input(
+            names::MEMORY_SOURCE_MASK,
+            ElemType::F32,
+            &["batch".into(), "source_len".into()],
+        );
+        let cross_axes: Vec<Axis> = vec!["batch".into(), h.into(), "source_len".into(), dh.into()];
+        let past_axes: Vec<Axis> = vec!["batch".into(), h.into(), "past_len".into(), dh.into()];
+        let present_axes: Vec<Axis> =
+            vec!["batch".into(), h.into(), "present_len".into(), dh.into()];
+        let past_mask = g.input(
+            &names::past(names::SELF_MASK_STATE),
+            ElemType::F32,
+            &["batch".into(), "past_len".into()],
+        );
+
+        let table = self.embedding_table(&mut g)?;
+        let mut x = g.scoped("embed", |g| -> Result<String> {
+            let ids2 = g.unsqueeze(&ids, &[1]);
+            let words = self.embed(g, &table, &ids2);
+            match cfg.absolute_position {
+                AbsolutePosition::Sinusoidal => {
+                    let pe = self.sinusoid(g, &positions);
+                    let pe = g.unsqueeze(&pe, &[1]);
+                    Ok(g.add(&words, &pe))
+                }
+            }
+        })?;
+
+        // The new token is always visible: present mask = past mask + a column of ones.
+        let batch = g.op("Shape", &[&ids], vec![]);
+        let one_col = g.ints(&[1]);
+        let ones_shape = g.concat(&[&batch, &one_col], 0);
+        let one = g.float_scalar(1.0);
+        let ones = g.op("Expand", &[&one, &ones_shape], vec![]);
+        let present_mask = names::present(names::SELF_MASK_STATE);
+        g.op_into(
+            "Concat",
+            &[&past_mask, &ones],
+            vec![attr_int("axis", 1)],
+            &present_mask,
+        );
+        let self_bias = self.padding_bias(&mut g, &present_mask);
+        let cross_bias = self.padding_bias(&mut g, &source_mask);
+
+        for (i, layer) in self.model.decoder.layers.iter().enumerate() {
+            let cross_k = g.input(&names::memory_cross_key(i), ElemType::F32, &cross_axes);
+            let cross_v = g.input(&names::memory_cross_value(i), ElemType::F32, &cross_axes);
+            let key_state = names::self_key_state(i);
+            let value_state = names::self_value_state(i);
+            let past_k = g.input(&names::past(&key_state), ElemType::F32, &past_axes);
+            let past_v = g.input(&names::past(&value_state), ElemType::F32, &past_axes);
+            x = g.scoped(&format!("decoder.layers.{i}"), |g| -> Result<String> {
+                let x = g.scoped("self_attn", |g| {
+                    residual(
+                        g,
+                        &x,
+                        &layer.self_attn_norm,
+                        cfg.norm,
+                        "self_attn_norm",
+                        |g, h| {
+                            let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
+                            let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
+                            let (present_k, present_v) =
+                                (names::present(&key_state), names::present(&value_state));
+                            g.op_into(
+                                "Concat",
+                                &[&past_k, &k],
+                                vec![attr_int("axis", 2)],
+                                &present_k,
+                            );
+                            g.op_into(
+                                "Concat",
+                                &[&past_v, &v],
+                                vec![attr_int("axis", 2)],
+                                &present_v,
+                            );
+                            self.attend(g, &layer.self_attn, h, &present_k, &present_v, &self_bias)
+                        },
+                    )
+                })?;
+                let x = g.scoped("cross_attn", |g| {
+                    residual(
+                        g,
+                        &x,
+                        &layer.cross_attn_norm,
+                        cfg.norm,
+                        "cross_attn_norm",
+                        |g, h| {
+                            self.attend(g, &layer.cross_attn, h, &cross_k, &cross_v, &cross_bias)
+                        },
+                    )
+                })?;
+                g.scoped("ffn", |g| {
+                    residual(g, &x, &layer.ffn_norm, cfg.norm, "ffn_norm", |g, h| {
+                        self.feed_forward(g, &layer.ffn, h)
+                    })
+                })
+            })?;
+            g.output(
+                &names::present(&key_state),
+                &names::present(&key_state),
+                ElemType::F32,
+                &present_axes,
+            );
+            g.output(
+                &names::present(&value_state),
+                &names::present(&value_state),
+                ElemType::F32,
+                &present_axes,
+            );
+        }
+        let x = g.scoped("decoder", |g| {
+            self.final_norm(g, &self.model.decoder.final_norm, x)
+        })?;
+        let x = g.squeeze(&x, &[1]);
+        let v = cfg.vocab_size;
+        // Tied output projection: the embedding table again, through transB rather than a
+        // stored transpose.
+        let logits = g.op("Gemm", &[&x, &table], vec![attr_int("transB", 1)]);
+        g.output(
+            &logits,
+            names::LOGITS,
+            ElemType::F32,
+            &["batch".into(), v.into()],
+        );
+        g.output(
+            &present_mask,
+            &present_mask,
+            ElemType::F32,
+            &["batch".into(), "present_len".into()],
+        );
+        Ok(g.finish(
+            "decoder_step",
+            "One greedy decoding step for a batch of rows at their own positions.",
+        ))
+    }
+}
+
+/// The decoder state this model's step graph carries (listed in the manifest).
+pub fn decoder_state(config: &ModelConfig) -> Vec<StateSpec> {
+    let heads = vec![
+        Dim::Batch,
+        Dim::Fixed(config.num_heads),
+        Dim::Time,
+        Dim::Fixed(config.head_dim()),
+    ];
+    let mut states = vec![StateSpec {
+        name: names::SELF_MASK_STATE.to_string(),
+        dims: vec![Dim::Batch, Dim::Time],
+    }];
+    for i in 0..config.decoder_layers {
+        for name in [names::self_key_state(i), names::self_value_state(i)] {
+            states.push(StateSpec {
+                name,
+                dims: heads.clone(),
+            });
+        }
+    }
+    states
+}
+
+/// `(encoder.onnx, decoder.onnx)` for `model`.
+pub fn export(model: &Transformer) -> Result<(ModelProto, ModelProto)> {
+    let exporter = Exporter {
+        model,
+        config: &model.config,
+    };
+    Ok((exporter.encoder()?, exporter.decoder_step()?))
+}

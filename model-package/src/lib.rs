@@ -1,0 +1,22 @@
+//! The one place where training, export and serving agree.
+//!
+//! A *model package* is a directory holding [`files::MANIFEST`], [`files::TOKENIZER`],
+//! [`files::ENCODER`] and [`files::DECODER`]. The server knows nothing about a model beyond
+//! what this crate describes: it feeds tensors by the names in [`names`] and carries the
+//! decoder state that the manifest lists in [`Manifest::decoder_state`].
+
+pub mod config;
+pub mod manifest;
+pub mod names;
+pub mod special;
+
+pub use config::{AbsolutePosition, ConfigError, ModelConfig, NormPlacement};
+pub use manifest::{Dim, Limits, Manifest, ManifestError, StateSpec};
+
+/// File names inside a model package.
+pub mod files {
+    pub const MANIFEST: &str = "manifest.json";
+    pub const TOKENIZER: &str = "tokenizer.json";
+    pub const ENCODER: &str = "encoder.onnx";
+    pub const DECODER: &str = "decoder.onnx";
+}

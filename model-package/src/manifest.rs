@@ -1,0 +1,203 @@
+//! The model-package manifest: what the server reads before it opens any graph.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::{files, ConfigError, ModelConfig};
+
+/// Bumped whenever a server built for an older layout could misread a package.
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("reading {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("invalid model config: {0}")]
+    Config(#[from] ConfigError),
+    #[error("package format {found} is not supported (this build reads {FORMAT_VERSION})")]
+    FormatVersion { found: u32 },
+    #[error("{file}: sha256 {actual} does not match the manifest's {expected}")]
+    Checksum {
+        file: String,
+        expected: String,
+        actual: String,
+    },
+}
+
+/// One axis of a decoder state tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dim {
+    /// Rows of the decoding batch; always axis 0.
+    Batch,
+    /// Grows by one every step (a KV cache, its mask); 0 at the first step.
+    Time,
+    Fixed(usize),
+}
+
+/// A `past.<name>` / `present.<name>` pair. The first step is fed zeros of this shape with
+/// `Time` = 0 and `Batch` = rows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateSpec {
+    pub name: String,
+    pub dims: Vec<Dim>,
+}
+
+impl StateSpec {
+    /// Shape of the first step's (empty or zero) state.
+    pub fn initial_shape(&self, batch: usize) -> Vec<usize> {
+        self.dims
+            .iter()
+            .map(|d| match d {
+                Dim::Batch => batch,
+                Dim::Time => 0,
+                Dim::Fixed(n) => *n,
+            })
+            .collect()
+    }
+
+    pub fn time_axis(&self) -> Option<usize> {
+        self.dims.iter().position(|d| *d == Dim::Time)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Longest source (in subwords, EOS included) the model accepts; `None` when only the
+    /// server's configured request limits apply.
+    pub max_source_tokens: Option<usize>,
+    /// Decoding stops here even without EOS.
+    pub max_target_tokens: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub name: String,
+    pub source_language: String,
+    pub target_language: String,
+    pub config: ModelConfig,
+    pub pad_id: u32,
+    pub bos_id: u32,
+    pub eos_id: u32,
+    pub unk_id: u32,
+    pub decoder_state: Vec<StateSpec>,
+    pub limits: Limits,
+    /// sha256 of every other file in the package, by file name.
+    pub files: BTreeMap<String, String>,
+    /// Where the weights came from: corpus, steps, tokens, time (free-form).
+    pub training: serde_json::Value,
+    /// Scores on held-out data, if measured (free-form).
+    pub evaluation: serde_json::Value,
+}
+
+impl Manifest {
+    /// Reads `dir/manifest.json`, validates it and checks every listed file's checksum.
+    pub fn load(dir: &Path) -> Result<Self, ManifestError> {
+        let path = dir.join(files::MANIFEST);
+        let text = std::fs::read_to_string(&path).map_err(|source| ManifestError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let manifest: Manifest = serde_json::from_str(&text)?;
+        if manifest.format_version != FORMAT_VERSION {
+            return Err(ManifestError::FormatVersion {
+                found: manifest.format_version,
+            });
+        }
+        manifest.config.validate()?;
+        for (file, expected) in &manifest.files {
+            let actual = sha256_file(&dir.join(file))?;
+            if &actual != expected {
+                return Err(ManifestError::Checksum {
+                    file: file.clone(),
+                    expected: expected.clone(),
+                    actual,
+                });
+            }
+        }
+        Ok(manifest)
+    }
+
+    /// Records the checksums of `file_names` (already written in `dir`) and writes the manifest.
+    pub fn write(&mut self, dir: &Path, file_names: &[&str]) -> Result<(), ManifestError> {
+        for name in file_names {
+            self.files
+                .insert(name.to_string(), sha256_file(&dir.join(name))?);
+        }
+        let path = dir.join(files::MANIFEST);
+        let text = serde_json::to_string_pretty(self)?;
+        std::fs::write(&path, text + "\n").map_err(|source| ManifestError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+}
+
+pub fn sha256_file(path: &Path) -> Result<String, ManifestError> {
+    let bytes = std::fs::read(path).map_err(|source| ManifestError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(hex::encode(Sha256::digest(&bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::special;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            name: "t".into(),
+            source_language: "en".into(),
+            target_language: "es".into(),
+            config: ModelConfig::preset("transformer-tiny", 50).unwrap(),
+            pad_id: special::PAD,
+            bos_id: special::BOS,
+            eos_id: special::EOS,
+            unk_id: special::UNK,
+            decoder_state: vec![StateSpec {
+                name: "self_key.0".into(),
+                dims: vec![Dim::Batch, Dim::Fixed(2), Dim::Time, Dim::Fixed(16)],
+            }],
+            limits: Limits {
+                max_source_tokens: None,
+                max_target_tokens: 64,
+            },
+            files: BTreeMap::new(),
+            training: serde_json::Value::Null,
+            evaluation: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn write_then_load_checks_checksums() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("encoder.onnx"), b"graph").unwrap();
+        let mut m = manifest();
+        m.write(dir.path(), &["encoder.onnx"]).unwrap();
+        assert_eq!(Manifest::load(dir.path()).unwrap(), m);
+
+        std::fs::write(dir.path().join("encoder.onnx"), b"tampered").unwrap();
+        let err = Manifest::load(dir.path()).unwrap_err();
+        assert!(matches!(err, ManifestError::Checksum { .. }), "{err}");
+    }
+
+    #[test]
+    fn initial_state_has_empty_time_axis() {
+        let spec = &manifest().decoder_state[0];
+        assert_eq!(spec.initial_shape(3), vec![3, 2, 0, 16]);
+        assert_eq!(spec.time_axis(), Some(2));
+    }
+}

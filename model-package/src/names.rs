@@ -1,0 +1,49 @@
+//! Names of the ONNX graph inputs and outputs: the decoder-step contract.
+//!
+//! Encoder: `source_ids` `[batch, source_len]` i64 and `source_mask` `[batch, source_len]` f32
+//! (1 = token, 0 = padding) in; every output is named `memory.*`, batch-first, and is fed
+//! unchanged to the decoder input of the same name at every step (cross-attention keys and
+//! values are therefore computed once per sentence).
+//!
+//! Decoder, one step for a batch of rows that may sit at different positions:
+//! `target_ids` `[batch]` i64 (the previous token), `positions` `[batch]` i64 (its position,
+//! 0 for BOS), every `memory.*`, and every `past.<state>` in; `logits` `[batch, vocab]` and
+//! `present.<state>` out. `present.<state>` is the next step's `past.<state>`. The states are
+//! listed in the manifest with their shapes; the server treats them as opaque.
+
+pub const SOURCE_IDS: &str = "source_ids";
+pub const SOURCE_MASK: &str = "source_mask";
+pub const TARGET_IDS: &str = "target_ids";
+pub const POSITIONS: &str = "positions";
+pub const LOGITS: &str = "logits";
+
+pub const MEMORY_PREFIX: &str = "memory.";
+pub const PAST_PREFIX: &str = "past.";
+pub const PRESENT_PREFIX: &str = "present.";
+
+/// Source mask as the decoder sees it (the encoder passes its input through).
+pub const MEMORY_SOURCE_MASK: &str = "memory.source_mask";
+
+pub fn memory_cross_key(layer: usize) -> String {
+    format!("{MEMORY_PREFIX}cross_key.{layer}")
+}
+pub fn memory_cross_value(layer: usize) -> String {
+    format!("{MEMORY_PREFIX}cross_value.{layer}")
+}
+
+/// State names (without the `past.`/`present.` prefix).
+pub fn self_key_state(layer: usize) -> String {
+    format!("self_key.{layer}")
+}
+pub fn self_value_state(layer: usize) -> String {
+    format!("self_value.{layer}")
+}
+/// 1 for every cached target position that is real, 0 for padding the batcher inserted.
+pub const SELF_MASK_STATE: &str = "self_mask";
+
+pub fn past(state: &str) -> String {
+    format!("{PAST_PREFIX}{state}")
+}
+pub fn present(state: &str) -> String {
+    format!("{PRESENT_PREFIX}{state}")
+}

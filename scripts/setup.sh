@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what building, testing and serving need on a fresh Debian machine. Re-runnable:
+# every step is skipped when already satisfied. Source scripts/env.sh afterwards.
+set -euo pipefail
+
+APT_PACKAGES=(diatheke sword-text-web sword-text-kjv sword-text-sparv)
+PIP_PACKAGES=(onnxruntime==1.31.1 onnx==1.23.2 sacrebleu==2.6.0)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! python3 -c "import onnxruntime, onnx, sacrebleu; assert onnxruntime.__version__ == '1.31.1'" 2>/dev/null; then
+  echo "setup: installing Python packages: ${PIP_PACKAGES[*]}"
+  python3 -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
+fi

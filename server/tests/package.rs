@@ -1,0 +1,229 @@
+//! Tests against a real model package: the directory in `NMT_TEST_PACKAGE` (an export of
+//! `nmt-export`), run through ONNX Runtime (`ORT_DYLIB_PATH`, see `scripts/env.sh`).
+//!
+//! They fail, on purpose, when `NMT_TEST_PACKAGE` is not set: a skipped model test looks
+//! exactly like a passing one.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use http_body_util::BodyExt;
+use ndarray::Array2;
+use nmt_server::backend::Backend;
+use nmt_server::http::TranslateResponse;
+use nmt_server::onnx::{self, OrtBackend, SessionOptions};
+use nmt_server::package::ModelPackage;
+use nmt_server::{app, AppState, Args};
+use tower::ServiceExt;
+
+const SENTENCES: [&str; 5] = [
+    "In the beginning God created the heavens and the earth.",
+    "Jesus wept.",
+    "And God said, Let there be light: and there was light.",
+    "The Lord is my shepherd; I shall not want.",
+    "For God so loved the world, that he gave his only begotten Son, that whosoever \
+     believeth in him should not perish, but have everlasting life.",
+];
+
+fn package_dir() -> PathBuf {
+    match std::env::var_os("NMT_TEST_PACKAGE") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => panic!(
+            "NMT_TEST_PACKAGE is not set. These tests need a real model package: set it to a \
+             directory written by `nmt-export` (manifest.json, tokenizer.json, encoder.onnx, \
+             decoder.onnx), and `source scripts/env.sh` for ORT_DYLIB_PATH."
+        ),
+    }
+}
+
+fn package() -> &'static ModelPackage {
+    static PACKAGE: OnceLock<ModelPackage> = OnceLock::new();
+    PACKAGE.get_or_init(|| {
+        let dir = package_dir();
+        ModelPackage::load(&dir)
+            .unwrap_or_else(|e| panic!("loading the package in {}: {e:#}", dir.display()))
+    })
+}
+
+/// One server state for the whole test binary (one model worker, one ONNX environment).
+fn state() -> AppState {
+    static STATE: OnceLock<AppState> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            nmt_server::load(&Args::for_model(package_dir()))
+                .unwrap_or_else(|e| panic!("starting the server state: {e:#}"))
+        })
+        .clone()
+}
+
+fn backend() -> OrtBackend {
+    let env = onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let package = package();
+    OrtBackend::load(
+        &env,
+        &package.dir,
+        &package.manifest,
+        &SessionOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn source_ids(text: &str) -> Vec<i64> {
+    let package = package();
+    let encoding = package.tokenizer.encode_fast(text, false).unwrap();
+    let mut ids: Vec<i64> = encoding.get_ids().iter().map(|&i| i64::from(i)).collect();
+    ids.push(package.manifest.eos_id.into());
+    ids
+}
+
+async fn post_translate(body: serde_json::Value) -> (StatusCode, serde_json::Value) {
+    let request = Request::post("/translate")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = app(state()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+fn assert_close(a: &Array2<f32>, b: &Array2<f32>, what: &str) {
+    assert_eq!(a.shape(), b.shape(), "{what}: shapes differ");
+    let worst = a
+        .iter()
+        .zip(b.iter())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-3, "{what}: logits differ by up to {worst}");
+}
+
+#[tokio::test]
+async fn batch_translation_matches_one_by_one() {
+    let manifest = &package().manifest;
+    let (status, json) = post_translate(serde_json::json!({
+        "text": SENTENCES,
+        "model": manifest.name,
+    }))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    let batch: TranslateResponse = serde_json::from_value(json).unwrap();
+    assert_eq!(batch.model, manifest.name);
+    assert_eq!(batch.translations.len(), SENTENCES.len());
+
+    let limits = state().limits().clone();
+    for (text, translation) in SENTENCES.iter().zip(&batch.translations) {
+        let source_tokens = source_ids(text).len() - 1;
+        assert_eq!(translation.source_tokens, source_tokens, "{text}");
+        assert!(
+            translation.output_tokens <= limits.max_output_tokens(source_tokens + 1),
+            "{text}: {} output tokens is over the length bound",
+            translation.output_tokens
+        );
+        if translation.output_tokens == 0 {
+            assert_eq!(translation.text, "", "{text}");
+        }
+
+        // Padding, masks and row retirement must not change a sentence's translation.
+        let (status, json) = post_translate(serde_json::json!({"text": text})).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        let alone: TranslateResponse = serde_json::from_value(json).unwrap();
+        assert_eq!(
+            &alone.translations[0], translation,
+            "{text}: translated alone and in a batch differently"
+        );
+    }
+}
+
+#[test]
+fn first_step_runs_from_empty_state() {
+    let mut backend = backend();
+    let manifest = &package().manifest;
+    let sources = [source_ids(SENTENCES[0]), source_ids(SENTENCES[1])];
+    let refs: Vec<&[i64]> = sources.iter().map(|s| s.as_slice()).collect();
+    let mut rows = backend.encode(&refs).unwrap();
+    let bos = i64::from(manifest.bos_id);
+    let logits = backend.step(&mut rows, &[bos, bos], &[0, 0]).unwrap();
+    assert_eq!(logits.shape(), &[2, manifest.config.vocab_size]);
+    assert!(logits.iter().all(|x| x.is_finite()), "non-finite logits");
+    // The state grew: a second step from the first step's state works.
+    let next: Vec<i64> = logits
+        .rows()
+        .into_iter()
+        .map(|r| i64::from(nmt_server::decode::argmax(r)))
+        .collect();
+    let logits = backend.step(&mut rows, &next, &[1, 1]).unwrap();
+    assert!(
+        logits.iter().all(|x| x.is_finite()),
+        "non-finite logits at step 1"
+    );
+}
+
+#[test]
+fn retained_rows_continue_like_a_fresh_batch() {
+    let mut backend = backend();
+    let bos = i64::from(package().manifest.bos_id);
+    let sources: Vec<Vec<i64>> = SENTENCES[..3].iter().map(|s| source_ids(s)).collect();
+
+    // Three rows, one step, then keep rows 2 and 0 and step again.
+    let refs: Vec<&[i64]> = sources.iter().map(|s| s.as_slice()).collect();
+    let mut rows = backend.encode(&refs).unwrap();
+    let first = backend.step(&mut rows, &[bos; 3], &[0; 3]).unwrap();
+    backend.retain_rows(&mut rows, &[2, 0]).unwrap();
+    let tokens = [7i64, 11];
+    let kept = backend.step(&mut rows, &tokens, &[1, 1]).unwrap();
+
+    // The same two sentences as a batch of their own.
+    let refs: Vec<&[i64]> = vec![&sources[2], &sources[0]];
+    let mut fresh_rows = backend.encode(&refs).unwrap();
+    let fresh_first = backend.step(&mut fresh_rows, &[bos; 2], &[0; 2]).unwrap();
+    let fresh = backend.step(&mut fresh_rows, &tokens, &[1, 1]).unwrap();
+
+    let selected = ndarray::stack![ndarray::Axis(0), first.row(2), first.row(0)];
+    assert_close(&selected, &fresh_first, "step 0");
+    assert_close(&kept, &fresh, "step 1 after retaining rows");
+}
+
+#[test]
+fn a_manifest_that_disagrees_with_the_graphs_is_rejected() {
+    let source = package_dir();
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let path = dir.path().join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    manifest["decoder_state"]
+        .as_array_mut()
+        .expect("decoder_state is a list")
+        .push(serde_json::json!({"name": "bogus", "dims": ["batch", "time"]}));
+    std::fs::write(&path, manifest.to_string()).unwrap();
+
+    let err = match nmt_server::load(&Args::for_model(dir.path())) {
+        Ok(_) => panic!("a manifest with an extra state was accepted"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("no input `past.bogus`"), "{err}");
+    assert!(err.contains("no output `present.bogus`"), "{err}");
+}
+
+#[tokio::test]
+async fn inputs_over_the_limit_are_refused_before_the_model() {
+    let limit = state().limits().max_input_tokens;
+    let text = "the ".repeat(limit + 1);
+    let (status, json) = post_translate(serde_json::json!({"text": ["Jesus wept.", text]})).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{json}");
+    assert_eq!(json["error_type"], "input_too_long");
+    assert!(
+        json["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("the limit is {limit}")),
+        "{json}"
+    );
+}

@@ -1,0 +1,29 @@
+//! `nmt-train`: every step from the Bible modules to a trained checkpoint.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "nmt-train", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build the verse-aligned English->Spanish corpus from the SWORD modules via diatheke.
+    Corpus(nmt_train::corpus::CorpusArgs),
+    /// Train the shared source/target Unigram tokenizer on the training split.
+    Tokenizer(nmt_train::tokenizer::TokenizerArgs),
+    /// Train a model and write checkpoints.
+    Train(nmt_train::trainer::TrainArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    nmt_train::keep_freed_memory_in_heap();
+    match Cli::parse().command {
+        Command::Corpus(args) => nmt_train::corpus::run(args),
+        Command::Tokenizer(args) => nmt_train::tokenizer::run(args),
+        Command::Train(args) => nmt_train::trainer::run(args),
+    }
+}

@@ -1,0 +1,475 @@
+//! The encoder-decoder Transformer in candle.
+//!
+//! Field names mirror checkpoint keys (`encoder.layers.0.self_attn.q_proj.weight`, ...) so that
+//! `model-export` can walk this struct to write the ONNX graphs: the struct is the schema.
+//! Embeddings are shared by the source, the target and the output projection (one
+//! source/target vocabulary), scaled by `sqrt(d_model)` as in Vaswani et al.
+
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+use model_package::{AbsolutePosition, ModelConfig, NormPlacement};
+
+use crate::dropout::Dropout;
+
+/// Added to attention scores at masked keys. Large and finite so that a fully padded row
+/// still gives a defined softmax; the ONNX graphs use the same value.
+pub const MASKED_SCORE: f64 = -1e9;
+
+/// `10000^(-2i/d)` for `i` in `0..d/2`: the angle of position `p` in dims `2i` and `2i+1` is
+/// `p * inverse_frequencies[i]`. Computed in f64 once and shared with the exporter so both
+/// sides start from identical f32 constants.
+pub fn sinusoid_inverse_frequencies(d_model: usize) -> Vec<f32> {
+    (0..d_model / 2)
+        .map(|i| 10000f64.powf(-2.0 * i as f64 / d_model as f64) as f32)
+        .collect()
+}
+
+/// Vaswani et al.'s encoding for the given positions: `[n, d]`, `sin` on even dims, `cos` on
+/// odd dims.
+pub fn sinusoid(positions: &Tensor, d_model: usize) -> Result<Tensor> {
+    let n = positions.dim(0)?;
+    let inv = Tensor::new(sinusoid_inverse_frequencies(d_model), positions.device())?;
+    let angles = positions
+        .to_dtype(DType::F32)?
+        .reshape((n, 1))?
+        .broadcast_mul(&inv.reshape((1, d_model / 2))?)?;
+    Tensor::stack(&[angles.sin()?, angles.cos()?], 2)?.reshape((n, d_model))
+}
+
+/// Layer normalisation written with differentiable ops: candle's fused kernel has no
+/// backward pass.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    fn new(d: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get_with_hints(d, "weight", candle_nn::Init::Const(1.0))?,
+            bias: vb.get_with_hints(d, "bias", candle_nn::Init::Const(0.0))?,
+            eps,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+        centered
+            .broadcast_div(&(var + self.eps)?.sqrt()?)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub out_proj: Linear,
+    pub num_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Attention {
+    fn new(config: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let d = config.d_model;
+        Ok(Self {
+            q_proj: candle_nn::linear(d, d, vb.pp("q_proj"))?,
+            k_proj: candle_nn::linear(d, d, vb.pp("k_proj"))?,
+            v_proj: candle_nn::linear(d, d, vb.pp("v_proj"))?,
+            out_proj: candle_nn::linear(d, d, vb.pp("out_proj"))?,
+            num_heads: config.num_heads,
+            head_dim: config.head_dim(),
+        })
+    }
+
+    /// `[batch, len, d]` -> `[batch, heads, len, head_dim]`
+    fn split_heads(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        x.reshape((b, t, self.num_heads, self.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()
+    }
+
+    /// `bias` broadcasts to `[batch, heads, query_len, key_len]` and holds 0 or
+    /// [`MASKED_SCORE`].
+    pub fn forward(&self, query: &Tensor, key_value: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        let (b, tq, d) = query.dims3()?;
+        let q = self.split_heads(&self.q_proj.forward(query)?)?;
+        let k = self.split_heads(&self.k_proj.forward(key_value)?)?;
+        let v = self.split_heads(&self.v_proj.forward(key_value)?)?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let context = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, tq, d))?;
+        self.out_proj.forward(&context)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct FeedForward {
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl FeedForward {
+    fn new(config: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            fc1: candle_nn::linear(config.d_model, config.ffn_dim, vb.pp("fc1"))?,
+            fc2: candle_nn::linear(config.ffn_dim, config.d_model, vb.pp("fc2"))?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, dropout: &Dropout) -> Result<Tensor> {
+        let hidden = dropout.apply(&self.fc1.forward(x)?.relu()?)?;
+        self.fc2.forward(&hidden)
+    }
+}
+
+/// One residual block around `sublayer`, with the norm where the config puts it.
+fn residual(
+    x: &Tensor,
+    norm: &LayerNorm,
+    placement: NormPlacement,
+    dropout: &Dropout,
+    sublayer: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    match placement {
+        NormPlacement::Pre => x + dropout.apply(&sublayer(&norm.forward(x)?)?)?,
+        NormPlacement::Post => norm.forward(&(x + dropout.apply(&sublayer(x)?)?)?),
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct EncoderLayer {
+    pub self_attn: Attention,
+    pub self_attn_norm: LayerNorm,
+    pub ffn: FeedForward,
+    pub ffn_norm: LayerNorm,
+}
+
+#[derive(Clone, Debug)]
+pub struct DecoderLayer {
+    pub self_attn: Attention,
+    pub self_attn_norm: LayerNorm,
+    pub cross_attn: Attention,
+    pub cross_attn_norm: LayerNorm,
+    pub ffn: FeedForward,
+    pub ffn_norm: LayerNorm,
+}
+
+#[derive(Clone, Debug)]
+pub struct Stack<L> {
+    pub layers: Vec<L>,
+    /// Present with pre-norm only: the last block's output is otherwise unnormalised.
+    pub final_norm: Option<LayerNorm>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Transformer {
+    pub config: ModelConfig,
+    pub embed: Tensor,
+    pub encoder: Stack<EncoderLayer>,
+    pub decoder: Stack<DecoderLayer>,
+}
+
+/// `[batch, len]` mask of 1/0 -> additive `[batch, 1, 1, len]` bias.
+pub fn padding_bias(mask: &Tensor) -> Result<Tensor> {
+    let (b, t) = mask.dims2()?;
+    ((mask - 1.0)? * -MASKED_SCORE)?.reshape((b, 1, 1, t))
+}
+
+/// `[len, len]` bias that hides future positions.
+pub fn causal_bias(len: usize, device: &Device) -> Result<Tensor> {
+    let values: Vec<f32> = (0..len)
+        .flat_map(|q| (0..len).map(move |k| if k > q { MASKED_SCORE as f32 } else { 0.0 }))
+        .collect();
+    Tensor::from_vec(values, (len, len), device)
+}
+
+impl Transformer {
+    pub fn new(config: ModelConfig, vb: VarBuilder) -> Result<Self> {
+        config
+            .validate()
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let d = config.d_model;
+        let embed = vb.get_with_hints(
+            (config.vocab_size, d),
+            "embed.weight",
+            candle_nn::Init::Randn {
+                mean: 0.0,
+                stdev: (d as f64).powf(-0.5),
+            },
+        )?;
+        let final_norm = |vb: VarBuilder| match config.norm {
+            NormPlacement::Pre => {
+                LayerNorm::new(d, config.layer_norm_eps, vb.pp("final_norm")).map(Some)
+            }
+            NormPlacement::Post => Ok(None),
+        };
+        let eps = config.layer_norm_eps;
+        let vb_enc = vb.pp("encoder");
+        let encoder = Stack {
+            layers: (0..config.encoder_layers)
+                .map(|i| {
+                    let vb = vb_enc.pp(format!("layers.{i}"));
+                    Ok(EncoderLayer {
+                        self_attn: Attention::new(&config, vb.pp("self_attn"))?,
+                        self_attn_norm: LayerNorm::new(d, eps, vb.pp("self_attn_norm"))?,
+                        ffn: FeedForward::new(&config, vb.pp("ffn"))?,
+                        ffn_norm: LayerNorm::new(d, eps, vb.pp("ffn_norm"))?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            final_norm: final_norm(vb_enc.clone())?,
+        };
+        let vb_dec = vb.pp("decoder");
+        let decoder = Stack {
+            layers: (0..config.decoder_layers)
+                .map(|i| {
+                    let vb = vb_dec.pp(format!("layers.{i}"));
+                    Ok(DecoderLayer {
+                        self_attn: Attention::new(&config, vb.pp("self_attn"))?,
+                        self_attn_norm: LayerNorm::new(d, eps, vb.pp("self_attn_norm"))?,
+                        cross_attn: Attention::new(&config, vb.pp("cross_attn"))?,
+                        cross_attn_norm: LayerNorm::new(d, eps, vb.pp("cross_attn_norm"))?,
+                        ffn: FeedForward::new(&config, vb.pp("ffn"))?,
+                        ffn_norm: LayerNorm::new(d, eps, vb.pp("ffn_norm"))?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            final_norm: final_norm(vb_dec.clone())?,
+        };
+        Ok(Self {
+            config,
+            embed,
+            encoder,
+            decoder,
+        })
+    }
+
+    /// Scaled word embeddings plus absolute positions `0..len` for `[batch, len]` ids.
+    fn embed_with_positions(&self, ids: &Tensor, dropout: &Dropout) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let d = self.config.d_model;
+        let words = self
+            .embed
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, d))?;
+        let words = (words * (d as f64).sqrt())?;
+        let x = match self.config.absolute_position {
+            AbsolutePosition::Sinusoidal => {
+                let positions = Tensor::arange(0u32, t as u32, ids.device())?;
+                words.broadcast_add(&sinusoid(&positions, d)?.unsqueeze(0)?)?
+            }
+        };
+        dropout.apply(&x)
+    }
+
+    /// `source_ids` `[batch, src_len]` u32, `source_mask` `[batch, src_len]` f32 ->
+    /// memory `[batch, src_len, d]`.
+    pub fn encode(
+        &self,
+        source_ids: &Tensor,
+        source_mask: &Tensor,
+        dropout: &Dropout,
+    ) -> Result<Tensor> {
+        let bias = padding_bias(source_mask)?;
+        let norm = self.config.norm;
+        let mut x = self.embed_with_positions(source_ids, dropout)?;
+        for layer in &self.encoder.layers {
+            x = residual(&x, &layer.self_attn_norm, norm, dropout, |h| {
+                layer.self_attn.forward(h, h, &bias)
+            })?;
+            x = residual(&x, &layer.ffn_norm, norm, dropout, |h| {
+                layer.ffn.forward(h, dropout)
+            })?;
+        }
+        match &self.encoder.final_norm {
+            Some(n) => n.forward(&x),
+            None => Ok(x),
+        }
+    }
+
+    /// Teacher-forced decoder: `target_ids` `[batch, tgt_len]` (BOS first) -> logits
+    /// `[batch, tgt_len, vocab]`.
+    pub fn decode(
+        &self,
+        target_ids: &Tensor,
+        memory: &Tensor,
+        source_mask: &Tensor,
+        dropout: &Dropout,
+    ) -> Result<Tensor> {
+        let (_, t) = target_ids.dims2()?;
+        let cross_bias = padding_bias(source_mask)?;
+        let self_bias = causal_bias(t, target_ids.device())?;
+        let norm = self.config.norm;
+        let mut x = self.embed_with_positions(target_ids, dropout)?;
+        for layer in &self.decoder.layers {
+            x = residual(&x, &layer.self_attn_norm, norm, dropout, |h| {
+                layer.self_attn.forward(h, h, &self_bias)
+            })?;
+            x = residual(&x, &layer.cross_attn_norm, norm, dropout, |h| {
+                layer.cross_attn.forward(h, memory, &cross_bias)
+            })?;
+            x = residual(&x, &layer.ffn_norm, norm, dropout, |h| {
+                layer.ffn.forward(h, dropout)
+            })?;
+        }
+        if let Some(n) = &self.decoder.final_norm {
+            x = n.forward(&x)?;
+        }
+        // One [rows*len, d] x [d, vocab] product: broadcast_matmul would materialise a copy
+        // of the embedding table per row (and sum them again in the backward pass).
+        let (b, t, d) = x.dims3()?;
+        x.reshape((b * t, d))?
+            .matmul(&self.embed.t()?)?
+            .reshape((b, t, ()))
+    }
+
+    pub fn forward(
+        &self,
+        source_ids: &Tensor,
+        source_mask: &Tensor,
+        target_ids: &Tensor,
+        dropout: &Dropout,
+    ) -> Result<Tensor> {
+        let memory = self.encode(source_ids, source_mask, dropout)?;
+        self.decode(target_ids, &memory, source_mask, dropout)
+    }
+
+    /// Greedy decoding of one batch, recomputing the whole prefix every step. Slow, but it
+    /// is the reference the exported graphs (which use a KV cache) are checked against.
+    pub fn greedy(
+        &self,
+        source_ids: &Tensor,
+        source_mask: &Tensor,
+        max_len: usize,
+    ) -> Result<Vec<Vec<u32>>> {
+        use model_package::special::{BOS, EOS};
+        let off = Dropout::off();
+        let b = source_ids.dim(0)?;
+        let memory = self.encode(source_ids, source_mask, &off)?;
+        let mut prefix: Vec<Vec<u32>> = vec![vec![BOS]; b];
+        let mut done = vec![false; b];
+        for _ in 0..max_len {
+            let flat: Vec<u32> = prefix.iter().flatten().copied().collect();
+            let t = prefix[0].len();
+            let ids = Tensor::from_vec(flat, (b, t), source_ids.device())?;
+            let logits = self.decode(&ids, &memory, source_mask, &off)?;
+            let next = logits
+                .narrow(1, t - 1, 1)?
+                .squeeze(1)?
+                .argmax(D::Minus1)?
+                .to_vec1::<u32>()?;
+            for (row, &tok) in next.iter().enumerate() {
+                // Finished rows keep emitting EOS so the batch stays rectangular.
+                prefix[row].push(if done[row] { EOS } else { tok });
+                done[row] |= tok == EOS;
+            }
+            if done.iter().all(|&d| d) {
+                break;
+            }
+        }
+        Ok(prefix
+            .into_iter()
+            .map(|p| p[1..].iter().copied().take_while(|&t| t != EOS).collect())
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_nn::VarMap;
+
+    fn tiny() -> Transformer {
+        let varmap = VarMap::new();
+        let config = ModelConfig::preset("transformer-tiny", 50).unwrap();
+        Transformer::new(
+            config,
+            VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+        )
+        .unwrap()
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn sinusoid_interleaves_sin_and_cos() {
+        let pe = sinusoid(&Tensor::new(&[0u32, 3], &Device::Cpu).unwrap(), 4).unwrap();
+        let pe = pe.to_vec2::<f32>().unwrap();
+        assert_eq!(pe[0], vec![0.0, 1.0, 0.0, 1.0]);
+        let inv = sinusoid_inverse_frequencies(4);
+        assert!((pe[1][0] - (3.0 * inv[0]).sin()).abs() < 1e-6);
+        assert!((pe[1][3] - (3.0 * inv[1]).cos()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn padding_never_changes_real_positions() {
+        let model = tiny();
+        let dev = Device::Cpu;
+        let off = Dropout::off();
+        let ids = Tensor::new(&[[5u32, 6, 7]], &dev).unwrap();
+        let mask = Tensor::new(&[[1f32, 1.0, 1.0]], &dev).unwrap();
+        let padded_ids = Tensor::new(&[[5u32, 6, 7, 0, 0]], &dev).unwrap();
+        let padded_mask = Tensor::new(&[[1f32, 1.0, 1.0, 0.0, 0.0]], &dev).unwrap();
+        let target = Tensor::new(&[[1u32, 9, 10]], &dev).unwrap();
+        let a = model.forward(&ids, &mask, &target, &off).unwrap();
+        let b = model
+            .forward(&padded_ids, &padded_mask, &target, &off)
+            .unwrap();
+        assert!(max_abs_diff(&a, &b) < 1e-5);
+        let memory = model
+            .encode(&padded_ids, &padded_mask, &off)
+            .unwrap()
+            .narrow(1, 0, 3)
+            .unwrap();
+        let unpadded = model.encode(&ids, &mask, &off).unwrap();
+        assert!(max_abs_diff(&memory, &unpadded) < 1e-5);
+    }
+
+    #[test]
+    fn decoder_never_looks_ahead() {
+        let model = tiny();
+        let dev = Device::Cpu;
+        let off = Dropout::off();
+        let ids = Tensor::new(&[[5u32, 6, 7]], &dev).unwrap();
+        let mask = Tensor::ones((1, 3), DType::F32, &dev).unwrap();
+        let a = model
+            .forward(
+                &ids,
+                &mask,
+                &Tensor::new(&[[1u32, 9, 10]], &dev).unwrap(),
+                &off,
+            )
+            .unwrap();
+        let b = model
+            .forward(
+                &ids,
+                &mask,
+                &Tensor::new(&[[1u32, 9, 33]], &dev).unwrap(),
+                &off,
+            )
+            .unwrap();
+        let prefix = |t: &Tensor| t.narrow(1, 0, 2).unwrap();
+        assert!(max_abs_diff(&prefix(&a), &prefix(&b)) < 1e-6);
+        assert!(max_abs_diff(&a, &b) > 1e-4);
+    }
+}

@@ -1,0 +1,433 @@
+//! The training loop: label-smoothed cross-entropy, Adam with warm-up, dropout, token-count
+//! batches, gradient clipping, periodic dev loss, checkpoints that resume exactly.
+//!
+//! A run directory holds `last/` (written every `--save-every` steps and at the end) and
+//! `best/` (lowest dev loss so far); each is a checkpoint (see [`crate::checkpoint`]).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::{VarBuilder, VarMap};
+use indicatif::{ProgressBar, ProgressStyle};
+use model_package::ModelConfig;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::batch::{token_batches, Batch, Example};
+use crate::checkpoint::{self, TrainerState};
+use crate::dropout::Dropout;
+use crate::model::Transformer;
+use crate::optim::{learning_rate, Adam};
+
+#[derive(clap::Args, Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct TrainArgs {
+    /// Corpus directory written by `nmt-train corpus` (reads train.* and dev.*).
+    #[arg(long, default_value = "data/corpus")]
+    pub corpus: PathBuf,
+    /// Tokenizer written by `nmt-train tokenizer`.
+    #[arg(long, default_value = "data/tokenizer.json")]
+    pub tokenizer: PathBuf,
+    /// Model preset (see model_package::ModelConfig::PRESETS): transformer, transformer-tiny.
+    #[arg(long, default_value = "transformer")]
+    pub preset: String,
+    /// Run directory: checkpoints go to OUT/last and OUT/best.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Continue from OUT/last (weights, optimizer moments, position in the epoch).
+    #[arg(long)]
+    pub resume: bool,
+    /// Upper bound on padded tokens (rows x longest side) per batch.
+    #[arg(long, default_value_t = 4096)]
+    pub batch_tokens: usize,
+    /// Peak learning rate, reached at the end of warm-up.
+    #[arg(long, default_value_t = 7e-4)]
+    pub lr: f64,
+    /// Linear warm-up steps before the 1/sqrt(step) decay.
+    #[arg(long, default_value_t = 2000)]
+    pub warmup_steps: usize,
+    /// Label smoothing epsilon.
+    #[arg(long, default_value_t = 0.1)]
+    pub label_smoothing: f64,
+    /// Clip gradients to this global L2 norm.
+    #[arg(long, default_value_t = 1.0)]
+    pub clip_norm: f64,
+    /// Override the preset's dropout.
+    #[arg(long)]
+    pub dropout: Option<f32>,
+    /// Stop after this many optimizer steps (in total, counting resumed ones).
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Stop after this many passes over the training data.
+    #[arg(long, default_value_t = 1000)]
+    pub max_epochs: usize,
+    /// Stop after this many minutes of training in this invocation.
+    #[arg(long)]
+    pub max_minutes: Option<f64>,
+    /// Compute dev loss (and update OUT/best) every N steps.
+    #[arg(long, default_value_t = 500)]
+    pub eval_every: usize,
+    /// Write OUT/last every N steps.
+    #[arg(long, default_value_t = 500)]
+    pub save_every: usize,
+    /// Drop training pairs with a side longer than this many subwords.
+    #[arg(long, default_value_t = 128)]
+    pub max_len: usize,
+    /// Use only the first N training pairs (tests, quick experiments).
+    #[arg(long)]
+    pub train_limit: Option<usize>,
+    /// Use only the first N dev pairs for the dev loss.
+    #[arg(long, default_value_t = 1000)]
+    pub dev_limit: usize,
+    /// Seed for initialisation, dropout and batch order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Hide the progress bar (logs a line per evaluation instead).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrainReport {
+    pub state: TrainerState,
+    /// Target tokens per second over this invocation.
+    pub target_tokens_per_second: f64,
+    pub source_tokens_per_second: f64,
+    pub parameters: usize,
+}
+
+pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let report = train(&args)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// Tokenizes a split into examples, dropping pairs longer than `max_len` subwords.
+pub fn encode_pairs(
+    tokenizer: &tokenizers::Tokenizer,
+    pairs: &[(String, String)],
+    max_len: usize,
+) -> anyhow::Result<Vec<Example>> {
+    let encode = |text: &str| -> anyhow::Result<Vec<u32>> {
+        Ok(tokenizer
+            .encode(text, false)
+            .map_err(|e| anyhow::anyhow!("tokenizing {text:?}: {e}"))?
+            .get_ids()
+            .to_vec())
+    };
+    let mut examples = Vec::with_capacity(pairs.len());
+    for (src, tgt) in pairs {
+        let example = Example::new(encode(src)?, encode(tgt)?);
+        if example.source.len() <= max_len && example.target_len() <= max_len {
+            examples.push(example);
+        }
+    }
+    Ok(examples)
+}
+
+/// Label-smoothed cross-entropy, averaged over non-padding target tokens. Returns the loss
+/// to back-propagate and the summed plain NLL (for reporting).
+pub fn label_smoothed_loss(
+    logits: &Tensor,
+    targets: &Tensor,
+    mask: &Tensor,
+    epsilon: f64,
+) -> candle_core::Result<(Tensor, f64)> {
+    let vocab = logits.dim(D::Minus1)?;
+    let logp = candle_nn::ops::log_softmax(&logits.reshape(((), vocab))?, D::Minus1)?;
+    let targets = targets.flatten_all()?;
+    let mask = mask.flatten_all()?;
+    let nll = logp.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?.neg()?;
+    let smooth = logp.mean(D::Minus1)?.neg()?;
+    let per_token = ((&nll * (1.0 - epsilon))? + (smooth * epsilon)?)?;
+    let count = mask.sum_all()?;
+    let loss = (per_token * &mask)?.sum_all()?.div(&count)?;
+    let nll_sum = (nll * &mask)?.sum_all()?.to_scalar::<f32>()? as f64;
+    Ok((loss, nll_sum))
+}
+
+/// Deterministic initialisation from `seed` (candle's CPU generator cannot be seeded):
+/// embeddings N(0, d^-1/2), matrices Xavier-uniform, biases 0, norm gains 1.
+fn initialise(varmap: &VarMap, d_model: usize, seed: u64) -> anyhow::Result<()> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let data = varmap.data().lock().unwrap();
+    let mut names: Vec<&String> = data.keys().collect();
+    names.sort();
+    for name in names {
+        let var = &data[name];
+        let dims = var.dims().to_vec();
+        let n: usize = dims.iter().product();
+        let values: Vec<f32> = if name == "embed.weight" {
+            let std = (d_model as f64).powf(-0.5);
+            (0..n)
+                .map(|_| (standard_normal(&mut rng) * std) as f32)
+                .collect()
+        } else if dims.len() == 2 {
+            let bound = (6.0 / (dims[0] + dims[1]) as f64).sqrt();
+            (0..n)
+                .map(|_| rng.gen_range(-bound..bound) as f32)
+                .collect()
+        } else if name.ends_with("norm.weight") {
+            vec![1.0; n]
+        } else {
+            vec![0.0; n]
+        };
+        var.set(&Tensor::from_vec(values, dims, var.device())?)?;
+    }
+    Ok(())
+}
+
+fn standard_normal(rng: &mut impl Rng) -> f64 {
+    // Box-Muller; `1 - u` keeps the logarithm finite.
+    let u: f64 = rng.gen();
+    let v: f64 = rng.gen();
+    (-2.0 * (1.0 - u).ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+}
+
+fn named_vars(varmap: &VarMap) -> Vec<(String, Var)> {
+    let data = varmap.data().lock().unwrap();
+    data.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Mean per-token NLL on `examples` without dropout.
+pub fn dev_loss(
+    model: &Transformer,
+    examples: &[Example],
+    batch_tokens: usize,
+    device: &Device,
+) -> anyhow::Result<f64> {
+    let mut rng = SmallRng::seed_from_u64(0);
+    let off = Dropout::off();
+    let (mut nll, mut tokens) = (0f64, 0usize);
+    for indices in token_batches(examples, batch_tokens, &mut rng) {
+        let rows: Vec<&Example> = indices.iter().map(|&i| &examples[i]).collect();
+        let batch = Batch::new(&rows, device)?;
+        let logits = model.forward(
+            &batch.source_ids,
+            &batch.source_mask,
+            &batch.decoder_input,
+            &off,
+        )?;
+        let (_, sum) =
+            label_smoothed_loss(&logits, &batch.decoder_output, &batch.target_mask, 0.0)?;
+        nll += sum;
+        tokens += batch.target_tokens;
+    }
+    Ok(nll / tokens.max(1) as f64)
+}
+
+fn save(
+    dir: &Path,
+    config: &ModelConfig,
+    varmap: &VarMap,
+    adam: &Adam,
+    state: &TrainerState,
+) -> anyhow::Result<()> {
+    checkpoint::write_atomically(dir, |tmp| {
+        varmap.save(tmp.join(checkpoint::WEIGHTS_FILE))?;
+        adam.save(&tmp.join(checkpoint::OPTIMIZER_FILE))?;
+        std::fs::write(
+            tmp.join(checkpoint::CONFIG_FILE),
+            serde_json::to_string_pretty(config)?,
+        )?;
+        std::fs::write(
+            tmp.join(checkpoint::STATE_FILE),
+            serde_json::to_string_pretty(state)?,
+        )?;
+        Ok(())
+    })
+}
+
+pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
+    let device = Device::Cpu;
+    let tokenizer = tokenizers::Tokenizer::from_file(&args.tokenizer)
+        .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", args.tokenizer.display()))?;
+    let mut train_pairs = crate::corpus::read_parallel(&args.corpus, "train")?;
+    if let Some(limit) = args.train_limit {
+        train_pairs.truncate(limit);
+    }
+    let mut dev_pairs = crate::corpus::read_parallel(&args.corpus, "dev")?;
+    dev_pairs.truncate(args.dev_limit);
+    let train_set = encode_pairs(&tokenizer, &train_pairs, args.max_len)?;
+    let dev_set = encode_pairs(&tokenizer, &dev_pairs, args.max_len)?;
+    if train_set.is_empty() {
+        bail!("no training pairs within --max-len {}", args.max_len);
+    }
+
+    let last_dir = args.out.join("last");
+    let best_dir = args.out.join("best");
+    let resuming = args.resume && last_dir.join(checkpoint::STATE_FILE).exists();
+    let config = if resuming {
+        checkpoint::load_config(&last_dir)?
+    } else {
+        let mut config = ModelConfig::preset(&args.preset, tokenizer.get_vocab_size(true))?;
+        if let Some(p) = args.dropout {
+            config.dropout = p;
+        }
+        config.validate()?;
+        config
+    };
+    let varmap = VarMap::new();
+    let model = Transformer::new(
+        config.clone(),
+        VarBuilder::from_varmap(&varmap, DType::F32, &device),
+    )?;
+    let parameters: usize = named_vars(&varmap)
+        .iter()
+        .map(|(_, v)| v.elem_count())
+        .sum();
+    let mut adam = Adam::new(named_vars(&varmap))?;
+    let mut state = if resuming {
+        let state = checkpoint::load_state(&last_dir)?;
+        let mut vm = varmap.clone();
+        vm.load(last_dir.join(checkpoint::WEIGHTS_FILE))?;
+        adam.load(
+            &last_dir.join(checkpoint::OPTIMIZER_FILE),
+            state.step,
+            &device,
+        )?;
+        state
+    } else {
+        initialise(&varmap, config.d_model, args.seed)?;
+        TrainerState {
+            seed: args.seed,
+            corpus: args.corpus.display().to_string(),
+            tokenizer: args.tokenizer.display().to_string(),
+            ..Default::default()
+        }
+    };
+    state.train_pairs = train_set.len();
+    state.args = serde_json::to_value(args)?;
+
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(args.max_steps.map_or(0, |m| m as u64));
+        bar.set_style(ProgressStyle::with_template(
+            "{elapsed_precise} step {pos}/{len} {wide_bar} {msg}",
+        )?);
+        bar.set_position(state.step as u64);
+        bar
+    };
+    let started = Instant::now();
+    let seconds_before = state.train_seconds;
+    let (mut run_src_tokens, mut run_tgt_tokens) = (0u64, 0u64);
+    let out_of_time = |started: &Instant| {
+        args.max_minutes
+            .is_some_and(|m| started.elapsed().as_secs_f64() > m * 60.0)
+    };
+    let mut last_eval_step = state.step;
+    'epochs: while state.epoch < args.max_epochs {
+        // The batch order of an epoch depends only on (seed, epoch): resume replays it and
+        // skips what was already consumed.
+        let mut epoch_rng =
+            SmallRng::seed_from_u64(state.seed ^ (state.epoch as u64).wrapping_mul(0x9E37_79B9));
+        let batches = token_batches(&train_set, args.batch_tokens, &mut epoch_rng);
+        while state.batch_in_epoch < batches.len() {
+            if args.max_steps.is_some_and(|m| state.step >= m) || out_of_time(&started) {
+                break 'epochs;
+            }
+            let rows: Vec<&Example> = batches[state.batch_in_epoch]
+                .iter()
+                .map(|&i| &train_set[i])
+                .collect();
+            let batch = Batch::new(&rows, &device)?;
+            let dropout = Dropout::new(config.dropout, state.seed.wrapping_add(state.step as u64));
+            let logits = model.forward(
+                &batch.source_ids,
+                &batch.source_mask,
+                &batch.decoder_input,
+                &dropout,
+            )?;
+            let (loss, nll_sum) = label_smoothed_loss(
+                &logits,
+                &batch.decoder_output,
+                &batch.target_mask,
+                args.label_smoothing,
+            )?;
+            let grads = loss.backward()?;
+            let lr = learning_rate(state.step + 1, args.lr, args.warmup_steps);
+            let grad_norm = adam.step(&grads, lr, args.clip_norm)?;
+            state.step += 1;
+            state.batch_in_epoch += 1;
+            state.source_tokens_seen += batch.source_tokens as u64;
+            state.target_tokens_seen += batch.target_tokens as u64;
+            run_src_tokens += batch.source_tokens as u64;
+            run_tgt_tokens += batch.target_tokens as u64;
+            let elapsed = started.elapsed().as_secs_f64();
+            bar.set_position(state.step as u64);
+            bar.set_message(format!(
+                "epoch {} nll {:.3} |g| {:.2} lr {:.1e} {:.0} tgt tok/s dev {}",
+                state.epoch,
+                nll_sum / batch.target_tokens as f64,
+                grad_norm,
+                lr,
+                run_tgt_tokens as f64 / elapsed,
+                state
+                    .last_dev_loss
+                    .map_or("-".into(), |l| format!("{l:.3}")),
+            ));
+            if state.step % args.eval_every == 0 {
+                evaluate(
+                    &model, &dev_set, args, &device, &mut state, &config, &varmap, &adam,
+                    &best_dir, &bar,
+                )?;
+                last_eval_step = state.step;
+            }
+            if state.step % args.save_every == 0 {
+                state.train_seconds = seconds_before + started.elapsed().as_secs_f64();
+                save(&last_dir, &config, &varmap, &adam, &state)?;
+            }
+        }
+        state.epoch += 1;
+        state.batch_in_epoch = 0;
+    }
+    if state.step != last_eval_step || !best_dir.exists() {
+        evaluate(
+            &model, &dev_set, args, &device, &mut state, &config, &varmap, &adam, &best_dir, &bar,
+        )?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    state.train_seconds = seconds_before + elapsed;
+    save(&last_dir, &config, &varmap, &adam, &state)?;
+    bar.finish();
+    Ok(TrainReport {
+        state,
+        target_tokens_per_second: run_tgt_tokens as f64 / elapsed,
+        source_tokens_per_second: run_src_tokens as f64 / elapsed,
+        parameters,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn evaluate(
+    model: &Transformer,
+    dev_set: &[Example],
+    args: &TrainArgs,
+    device: &Device,
+    state: &mut TrainerState,
+    config: &ModelConfig,
+    varmap: &VarMap,
+    adam: &Adam,
+    best_dir: &Path,
+    bar: &ProgressBar,
+) -> anyhow::Result<()> {
+    if dev_set.is_empty() {
+        return Ok(());
+    }
+    let loss = dev_loss(model, dev_set, args.batch_tokens, device).context("dev loss")?;
+    state.last_dev_loss = Some(loss);
+    if state.best_dev_loss.is_none_or(|best| loss < best) {
+        state.best_dev_loss = Some(loss);
+        save(best_dir, config, varmap, adam, state)?;
+    }
+    if args.quiet || bar.is_hidden() {
+        eprintln!(
+            "step {} epoch {} dev nll {loss:.4}",
+            state.step, state.epoch
+        );
+    }
+    Ok(())
+}
