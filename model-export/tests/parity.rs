@@ -16,13 +16,17 @@ use ort::value::{DynValue, Tensor as OrtTensor};
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
 fn ort_session(path: &Path) -> Session {
-    let lib = std::env::var("ORT_DYLIB_PATH")
-        .expect("ORT_DYLIB_PATH must point at libonnxruntime (source scripts/env.sh)");
-    let env = ort::init_from(&lib)
-        .expect("loading ONNX Runtime")
-        .build()
-        .expect("ONNX Runtime environment");
-    Session::builder(&env)
+    // ONNX Runtime allows one environment per process.
+    static ENV: std::sync::OnceLock<ort::environment::Environment> = std::sync::OnceLock::new();
+    let env = ENV.get_or_init(|| {
+        let lib = std::env::var("ORT_DYLIB_PATH")
+            .expect("ORT_DYLIB_PATH must point at libonnxruntime (source scripts/env.sh)");
+        ort::init_from(&lib)
+            .expect("loading ONNX Runtime")
+            .build()
+            .expect("ONNX Runtime environment")
+    });
+    Session::builder(env)
         .unwrap()
         .with_intra_threads(1)
         .unwrap()
