@@ -21,6 +21,9 @@ use crate::dropout::Dropout;
 use crate::model::Transformer;
 use crate::optim::{learning_rate, Adam};
 
+/// Without a progress bar (`--quiet`), a status line every this many steps.
+const QUIET_LOG_EVERY: usize = 50;
+
 #[derive(clap::Args, Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct TrainArgs {
     /// Corpus directory written by `nmt-train corpus` (reads train.* and dev.*).
@@ -358,7 +361,7 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             run_tgt_tokens += batch.target_tokens as u64;
             let elapsed = started.elapsed().as_secs_f64();
             bar.set_position(state.step as u64);
-            bar.set_message(format!(
+            let status = format!(
                 "epoch {} nll {:.3} |g| {:.2} lr {:.1e} {:.0} tgt tok/s dev {}",
                 state.epoch,
                 nll_sum / batch.target_tokens as f64,
@@ -368,7 +371,11 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
                 state
                     .last_dev_loss
                     .map_or("-".into(), |l| format!("{l:.3}")),
-            ));
+            );
+            if bar.is_hidden() && state.step % QUIET_LOG_EVERY == 0 {
+                eprintln!("step {} {status}", state.step);
+            }
+            bar.set_message(status);
             if state.step % args.eval_every == 0 {
                 evaluate(
                     &model, &dev_set, args, &device, &mut state, &config, &varmap, &adam,
