@@ -6,9 +6,9 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use model_package::ModelConfig;
 use nmt_train::dropout::Dropout;
+use nmt_train::loss::label_smoothed_loss;
 use nmt_train::model::Transformer;
 use nmt_train::optim::Adam;
-use nmt_train::trainer::label_smoothed_loss;
 
 fn main() -> anyhow::Result<()> {
     nmt_train::keep_freed_memory_in_heap();

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod corpus;
 pub mod dropout;
 pub mod fixture;
+pub mod loss;
 pub mod model;
 pub mod optim;
 pub mod tokenizer;

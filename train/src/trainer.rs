@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use candle_core::{DType, Device, Tensor, Var, D};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use indicatif::{ProgressBar, ProgressStyle};
 use model_package::ModelConfig;
@@ -18,6 +18,7 @@ use rand::{Rng, SeedableRng};
 use crate::batch::{token_batches, Batch, Example};
 use crate::checkpoint::{self, TrainerState};
 use crate::dropout::Dropout;
+use crate::loss::label_smoothed_loss;
 use crate::model::Transformer;
 use crate::optim::{learning_rate, Adam};
 
@@ -128,27 +129,6 @@ pub fn encode_pairs(
         }
     }
     Ok(examples)
-}
-
-/// Label-smoothed cross-entropy, averaged over non-padding target tokens. Returns the loss
-/// to back-propagate and the summed plain NLL (for reporting).
-pub fn label_smoothed_loss(
-    logits: &Tensor,
-    targets: &Tensor,
-    mask: &Tensor,
-    epsilon: f64,
-) -> candle_core::Result<(Tensor, f64)> {
-    let vocab = logits.dim(D::Minus1)?;
-    let logp = candle_nn::ops::log_softmax(&logits.reshape(((), vocab))?, D::Minus1)?;
-    let targets = targets.flatten_all()?;
-    let mask = mask.flatten_all()?;
-    let nll = logp.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?.neg()?;
-    let smooth = logp.mean(D::Minus1)?.neg()?;
-    let per_token = ((&nll * (1.0 - epsilon))? + (smooth * epsilon)?)?;
-    let count = mask.sum_all()?;
-    let loss = (per_token * &mask)?.sum_all()?.div(&count)?;
-    let nll_sum = (nll * &mask)?.sum_all()?.to_scalar::<f32>()? as f64;
-    Ok((loss, nll_sum))
 }
 
 /// Deterministic initialisation from `seed` (candle's CPU generator cannot be seeded):
