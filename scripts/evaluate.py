@@ -3,7 +3,8 @@
 
 Starts target/release/nmt-server on a free loopback port, sends the split's source lines in
 batches to POST /translate, writes the hypotheses next to the report, and prints (and writes)
-BLEU, chrF and TER as sacrebleu computes them, plus timing.
+BLEU, chrF and TER as sacrebleu computes them, plus timing, plus BLEU and the output/reference
+length ratio by source length (in subwords, as the server counted them).
 
     python3 scripts/evaluate.py --package models/en-es-transformer --corpus data/corpus --split dev
 """
@@ -16,6 +17,9 @@ import time
 import urllib.request
 
 import sacrebleu
+
+# Source-length buckets in subwords, as in the corpus statistics.
+BUCKETS = [(1, 10), (11, 20), (21, 30), (31, 40), (41, 60), (61, 80), (81, 10**9)]
 
 
 def post(url, payload):
@@ -54,12 +58,14 @@ def main():
                 break
         if url is None:
             sys.exit("nmt-server exited before listening")
-        hypotheses, refused = [], 0
+        hypotheses, lengths, refused = [], [], 0
         started = time.time()
         for i in range(0, len(sources), args.batch):
             batch = sources[i : i + args.batch]
             try:
-                hypotheses += [t["text"] for t in post(f"{url}/translate", {"text": batch})["translations"]]
+                translations = post(f"{url}/translate", {"text": batch})["translations"]
+                hypotheses += [t["text"] for t in translations]
+                lengths += [t["source_tokens"] for t in translations]
             except urllib.error.HTTPError as error:
                 # A batch with a source over the model's limit: translate one by one, and
                 # score refused sources as empty translations.
@@ -67,11 +73,14 @@ def main():
                     raise
                 for text in batch:
                     try:
-                        hypotheses.append(post(f"{url}/translate", {"text": text})["translations"][0]["text"])
+                        translation = post(f"{url}/translate", {"text": text})["translations"][0]
+                        hypotheses.append(translation["text"])
+                        lengths.append(translation["source_tokens"])
                     except urllib.error.HTTPError as inner:
                         if inner.code != 413:
                             raise
                         hypotheses.append("")
+                        lengths.append(None)
                         refused += 1
         seconds = time.time() - started
     finally:
@@ -95,6 +104,20 @@ def main():
         "seconds": round(seconds, 1),
         "sentences_per_second": round(len(sources) / seconds, 1),
     }
+    report["by_source_length"] = []
+    for low, high in BUCKETS:
+        rows = [i for i, n in enumerate(lengths) if n is not None and low <= n <= high]
+        if not rows:
+            continue
+        score = sacrebleu.BLEU().corpus_score([hypotheses[i] for i in rows], [[references[i] for i in rows]])
+        report["by_source_length"].append(
+            {
+                "subwords": f"{low}-{high}" if high < 10**9 else f"{low}+",
+                "sentences": len(rows),
+                "bleu": round(score.score, 2),
+                "length_ratio": round(score.sys_len / max(score.ref_len, 1), 3),
+            }
+        )
     with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
         f.write("\n")

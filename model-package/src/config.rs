@@ -111,13 +111,14 @@ impl ModelConfig {
                 return Err(ConfigError::Zero { field });
             }
         }
-        if self.d_model % self.num_heads != 0 {
+        if !self.d_model.is_multiple_of(self.num_heads) {
             return Err(ConfigError::HeadsDoNotDivide {
                 d_model: self.d_model,
                 num_heads: self.num_heads,
             });
         }
-        if self.absolute_position == AbsolutePosition::Sinusoidal && self.d_model % 2 != 0 {
+        if self.absolute_position == AbsolutePosition::Sinusoidal && !self.d_model.is_multiple_of(2)
+        {
             return Err(ConfigError::OddModelDim(self.d_model));
         }
         if self.vocab_size <= crate::special::TOKENS.len() {

@@ -252,7 +252,7 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         config.validate()?;
         config
     };
-    let varmap = VarMap::new();
+    let mut varmap = VarMap::new();
     let model = Transformer::new(
         config.clone(),
         VarBuilder::from_varmap(&varmap, DType::F32, &device),
@@ -264,8 +264,7 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
     let mut adam = Adam::new(named_vars(&varmap))?;
     let mut state = if resuming {
         let state = checkpoint::load_state(&last_dir)?;
-        let mut vm = varmap.clone();
-        vm.load(last_dir.join(checkpoint::WEIGHTS_FILE))?;
+        varmap.load(last_dir.join(checkpoint::WEIGHTS_FILE))?;
         adam.load(
             &last_dir.join(checkpoint::OPTIMIZER_FILE),
             state.step,
