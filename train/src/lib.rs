@@ -22,3 +22,13 @@ pub fn keep_freed_memory_in_heap() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
     }
 }
+
+/// Largest elementwise |a - b|, for tests that compare two computations of one tensor.
+#[cfg(test)]
+pub(crate) fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.max_all())
+        .and_then(|d| d.to_scalar::<f32>())
+        .expect("comparable tensors")
+}

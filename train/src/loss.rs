@@ -177,14 +177,7 @@ mod tests {
             .get(logits.as_tensor())
             .unwrap()
             .clone();
-        let diff = (g_fused - g_ref)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = crate::max_abs_diff(&g_fused, &g_ref);
         assert!(diff < 1e-6, "gradient differs by {diff}");
     }
 }

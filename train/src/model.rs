@@ -388,6 +388,7 @@ impl Transformer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::max_abs_diff;
     use candle_nn::VarMap;
 
     fn tiny() -> Transformer {
@@ -398,17 +399,6 @@ mod tests {
             VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
         )
         .unwrap()
-    }
-
-    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
     }
 
     #[test]
