@@ -67,6 +67,20 @@ fn start_server(package: &Path) -> Server {
     Server { child, url }
 }
 
+/// `POST /translate` with a JSON body.
+async fn post_translate(
+    client: &reqwest::Client,
+    server: &Server,
+    body: &Value,
+) -> reqwest::Response {
+    client
+        .post(format!("{}/translate", server.url))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// Trains and exports a tiny model with the command-line tools; returns (work dir, package).
 fn build_package(work: &Path) -> PathBuf {
     let train = binary("nmt-train");
@@ -188,12 +202,7 @@ async fn translates_over_http_like_the_training_forward_pass() {
         .filter(|en| pieces(en) < limit)
         .take(5)
         .collect();
-    let response = client
-        .post(format!("{}/translate", server.url))
-        .json(&json!({ "text": sources }))
-        .send()
-        .await
-        .unwrap();
+    let response = post_translate(&client, &server, &json!({ "text": sources })).await;
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["model"], "tiny-en-es");
@@ -207,12 +216,8 @@ async fn translates_over_http_like_the_training_forward_pass() {
     }
 
     // One text as a plain string comes back as a list of one.
-    let single: Value = client
-        .post(format!("{}/translate", server.url))
-        .json(&json!({ "text": sources[2] }))
-        .send()
+    let single: Value = post_translate(&client, &server, &json!({ "text": sources[2] }))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -224,12 +229,7 @@ async fn translates_over_http_like_the_training_forward_pass() {
         .map(|(en, _)| en.as_str())
         .find(|en| pieces(en) >= limit)
         .expect("a test verse over the limit");
-    let response = client
-        .post(format!("{}/translate", server.url))
-        .json(&json!({ "text": [sources[0], long] }))
-        .send()
-        .await
-        .unwrap();
+    let response = post_translate(&client, &server, &json!({ "text": [sources[0], long] })).await;
     assert_eq!(response.status(), 413);
     let error: Value = response.json().await.unwrap();
     assert_eq!(error["error_type"], "input_too_long");
