@@ -30,6 +30,22 @@ def post(url, payload):
         return json.load(response)
 
 
+def wait_until_ready(url, timeout=120):
+    """/ready answers 503 until the server's warm-up translation is done."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/ready") as response:
+                if response.status == 200:
+                    return
+        except urllib.error.HTTPError as error:
+            if error.code != 503:
+                raise
+        if time.time() > deadline:
+            sys.exit(f"nmt-server not ready within {timeout} s")
+        time.sleep(0.1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--package", default="models/en-es-transformer", help="model package directory")
@@ -46,7 +62,8 @@ def main():
         references = [line.rstrip("\n") for line in f]
 
     server = subprocess.Popen(
-        [args.server, "--model-dir", args.package, "--port", "0", "--max-input-tokens", "100000"],
+        [args.server, "--model-dir", args.package, "--port", "0", "--grpc-port", "0",
+         "--max-input-tokens", "100000"],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -58,6 +75,7 @@ def main():
                 break
         if url is None:
             sys.exit("nmt-server exited before listening")
+        wait_until_ready(url)
         hypotheses, lengths, refused = [], [], 0
         started = time.time()
         for i in range(0, len(sources), args.batch):

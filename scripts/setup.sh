@@ -3,7 +3,9 @@
 # every step is skipped when already satisfied. Source scripts/env.sh afterwards.
 set -euo pipefail
 
-APT_PACKAGES=(diatheke sword-text-web sword-text-kjv sword-text-sparv)
+# prometheus: the end-to-end tests scrape the server with a real Prometheus and lint the
+# exposition with promtool.
+APT_PACKAGES=(diatheke sword-text-web sword-text-kjv sword-text-sparv prometheus)
 PIP_PACKAGES=(onnxruntime==1.31.1 onnx==1.23.2 sacrebleu==2.6.0)
 
 missing=()

@@ -10,6 +10,12 @@
 //! 0 for BOS), every `memory.*`, and every `past.<state>` in; `logits` `[batch, vocab]` and
 //! `present.<state>` out. `present.<state>` is the next step's `past.<state>`. The states are
 //! listed in the manifest with their shapes; the server treats them as opaque.
+//!
+//! Zero padding means "absent": the server zero-pads any non-batch axis of a memory or state
+//! tensor when rows of different source or cache lengths share a batch (a row that joins a
+//! running batch gets masked cache columns). Graphs must therefore read a 0 in
+//! `memory.source_mask` or in a key mask state as padding, and must give zero state the
+//! meaning of "nothing seen yet".
 
 pub const SOURCE_IDS: &str = "source_ids";
 pub const SOURCE_MASK: &str = "source_mask";

@@ -1,9 +1,10 @@
 //! The synchronous model interface the decode loop is written against.
 //!
 //! A backend owns the model (ONNX Runtime sessions, or a test double) and runs on one worker
-//! thread; it is never shared between threads, so `&mut self` everywhere. The decode loop in
-//! [`crate::decode`] only sees this trait: a continuous-batching scheduler can drive the same
-//! three operations (encode new rows, step all live rows, drop finished rows).
+//! thread; it is never shared between threads, so `&mut self` everywhere. The running batch in
+//! [`crate::decode`] only sees this trait, and continuous batching needs nothing more than its
+//! four operations: encode new rows, append them to the running rows, step all rows, drop
+//! finished rows.
 
 use ndarray::Array2;
 
@@ -37,6 +38,10 @@ pub trait Backend {
         target_ids: &[i64],
         positions: &[i64],
     ) -> Result<Array2<f32>, BackendError>;
+
+    /// Appends `new` (fresh from [`Backend::encode`]) after the rows of `rows`, which may
+    /// already have taken steps: the new rows' state must line up with the old rows' cache.
+    fn append(&mut self, rows: &mut Self::Rows, new: Self::Rows) -> Result<(), BackendError>;
 
     /// Keeps only the rows at `keep` (ascending indices into the current rows), in that
     /// order, along axis 0 of every memory and state tensor.

@@ -1,9 +1,10 @@
-//! Greedy decoding with the KV cache, for one batch of sentences that start together.
+//! Greedy decoding with the KV cache over a running batch that sequences join and leave
+//! between steps (continuous batching).
 //!
-//! Every step feeds one token per live row; the backend carries the cache (the
+//! Every step feeds one token per row; the backend carries the cache (the
 //! `past.*`/`present.*` state) between steps. A row stops at EOS or at its own length
-//! budget, and finished rows are dropped from the batch before the next step, so a short
-//! sentence batched with a long one costs nothing once it is done.
+//! budget and leaves the batch before the next step, so a short sentence batched with a long
+//! one costs nothing once it is done, and a new sentence does not wait for the long one.
 
 use ndarray::ArrayView1;
 
@@ -21,8 +22,26 @@ pub struct SpecialIds {
 pub struct DecodeInput {
     /// Source token ids, EOS included, no padding.
     pub source_ids: Vec<i64>,
-    /// At most this many tokens are generated (EOS included); 0 generates nothing.
+    /// EOS is not allowed before this many tokens (a length constraint); 0 for free decoding.
+    pub min_output_tokens: usize,
+    /// At most this many tokens are generated (EOS not counted); 0 generates nothing.
     pub max_output_tokens: usize,
+}
+
+impl DecodeInput {
+    /// Free decoding up to `max_output_tokens`.
+    pub fn new(source_ids: Vec<i64>, max_output_tokens: usize) -> Self {
+        DecodeInput {
+            source_ids,
+            min_output_tokens: 0,
+            max_output_tokens,
+        }
+    }
+
+    /// What the sequence can cost the batch, in tokens: its source plus its output budget.
+    pub fn token_budget(&self) -> usize {
+        self.source_ids.len() + self.max_output_tokens
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,77 +59,216 @@ pub struct DecodeOutput {
     pub stop: StopReason,
 }
 
+struct Sequence<T> {
+    tag: T,
+    ids: Vec<u32>,
+    min_tokens: usize,
+    max_tokens: usize,
+}
+
+/// The rows being decoded, each tagged by the caller with a `T` that says whose it is.
+/// Row `r` of the backend's rows is `sequences[r]`.
+pub struct RunningBatch<B: Backend, T> {
+    rows: Option<B::Rows>,
+    sequences: Vec<Sequence<T>>,
+}
+
+impl<B: Backend, T> Default for RunningBatch<B, T> {
+    fn default() -> Self {
+        RunningBatch {
+            rows: None,
+            sequences: Vec::new(),
+        }
+    }
+}
+
+impl<B: Backend, T> RunningBatch<B, T> {
+    pub fn len(&self) -> usize {
+        self.sequences.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sequences.is_empty()
+    }
+
+    pub fn tags(&self) -> impl Iterator<Item = &T> {
+        self.sequences.iter().map(|s| &s.tag)
+    }
+
+    /// Encodes `inputs` and adds them to the batch; they take their first step with the
+    /// next [`RunningBatch::step`]. Inputs with a zero budget finish at once and are
+    /// returned.
+    pub fn join(
+        &mut self,
+        backend: &mut B,
+        inputs: Vec<(T, DecodeInput)>,
+    ) -> Result<Vec<(T, DecodeOutput)>, BackendError> {
+        let (joining, empty): (Vec<_>, Vec<_>) = inputs
+            .into_iter()
+            .partition(|(_, input)| input.max_output_tokens > 0);
+        if !joining.is_empty() {
+            let sources: Vec<&[i64]> = joining
+                .iter()
+                .map(|(_, input)| input.source_ids.as_slice())
+                .collect();
+            let new = backend.encode(&sources)?;
+            match self.rows.as_mut() {
+                Some(rows) => backend.append(rows, new)?,
+                None => self.rows = Some(new),
+            }
+            self.sequences
+                .extend(joining.into_iter().map(|(tag, input)| Sequence {
+                    tag,
+                    ids: Vec::with_capacity(input.max_output_tokens),
+                    min_tokens: input.min_output_tokens.min(input.max_output_tokens),
+                    max_tokens: input.max_output_tokens,
+                }));
+        }
+        Ok(empty
+            .into_iter()
+            .map(|(tag, _)| {
+                let output = DecodeOutput {
+                    ids: Vec::new(),
+                    stop: StopReason::MaxLength,
+                };
+                (tag, output)
+            })
+            .collect())
+    }
+
+    /// One decoder step for every row. Returns the sequences that finished, which have
+    /// left the batch.
+    pub fn step(
+        &mut self,
+        backend: &mut B,
+        special: SpecialIds,
+    ) -> Result<Vec<(T, DecodeOutput)>, BackendError> {
+        let Some(rows) = self.rows.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let target_ids: Vec<i64> = self
+            .sequences
+            .iter()
+            .map(|s| i64::from(*s.ids.last().unwrap_or(&special.bos)))
+            .collect();
+        let positions: Vec<i64> = self.sequences.iter().map(|s| s.ids.len() as i64).collect();
+        let logits = backend.step(rows, &target_ids, &positions)?;
+        if logits.nrows() != self.sequences.len() {
+            return Err(BackendError::Contract(format!(
+                "logits have {} rows for a batch of {}",
+                logits.nrows(),
+                self.sequences.len()
+            )));
+        }
+        let mut done = vec![None; self.sequences.len()];
+        for (row, sequence) in self.sequences.iter_mut().enumerate() {
+            let banned = (sequence.ids.len() < sequence.min_tokens).then_some(special.eos);
+            let next = argmax_except(logits.row(row), banned);
+            if next == special.eos {
+                done[row] = Some(StopReason::Eos);
+            } else {
+                sequence.ids.push(next);
+                if sequence.ids.len() >= sequence.max_tokens {
+                    done[row] = Some(StopReason::MaxLength);
+                }
+            }
+        }
+        self.remove(backend, |row, _| done[row].is_some())
+            .map(|finished| {
+                finished
+                    .into_iter()
+                    .map(|(row, sequence)| {
+                        let stop = done[row].expect("finished rows have a reason");
+                        let output = DecodeOutput {
+                            ids: sequence.ids,
+                            stop,
+                        };
+                        (sequence.tag, output)
+                    })
+                    .collect()
+            })
+    }
+
+    /// Drops the rows whose tag matches (their requests went away) and returns the tags.
+    pub fn cancel(
+        &mut self,
+        backend: &mut B,
+        cancelled: impl Fn(&T) -> bool,
+    ) -> Result<Vec<T>, BackendError> {
+        let removed = self.remove(backend, |_, sequence| cancelled(&sequence.tag))?;
+        Ok(removed.into_iter().map(|(_, s)| s.tag).collect())
+    }
+
+    /// Empties the batch (after a failure) and returns the tags of the rows it held.
+    pub fn clear(&mut self) -> Vec<T> {
+        self.rows = None;
+        self.sequences.drain(..).map(|s| s.tag).collect()
+    }
+
+    /// Removes the rows for which `leaves(row, sequence)` holds, returning them with their
+    /// row index before removal.
+    fn remove(
+        &mut self,
+        backend: &mut B,
+        leaves: impl Fn(usize, &Sequence<T>) -> bool,
+    ) -> Result<Vec<(usize, Sequence<T>)>, BackendError> {
+        let keep: Vec<usize> = (0..self.sequences.len())
+            .filter(|&row| !leaves(row, &self.sequences[row]))
+            .collect();
+        if keep.len() == self.sequences.len() {
+            return Ok(Vec::new());
+        }
+        if keep.is_empty() {
+            self.rows = None;
+        } else if let Some(rows) = self.rows.as_mut() {
+            backend.retain_rows(rows, &keep)?;
+        }
+        let mut removed = Vec::new();
+        let mut kept = Vec::with_capacity(keep.len());
+        let mut keep_iter = keep.iter().peekable();
+        for (row, sequence) in self.sequences.drain(..).enumerate() {
+            if keep_iter.peek() == Some(&&row) {
+                keep_iter.next();
+                kept.push(sequence);
+            } else {
+                removed.push((row, sequence));
+            }
+        }
+        self.sequences = kept;
+        Ok(removed)
+    }
+}
+
 /// Decodes `inputs` together and returns one output per input, in input order.
 pub fn greedy_decode<B: Backend>(
     backend: &mut B,
     special: SpecialIds,
     inputs: &[DecodeInput],
 ) -> Result<Vec<DecodeOutput>, BackendError> {
-    let mut outputs: Vec<DecodeOutput> = inputs
-        .iter()
-        .map(|_| DecodeOutput {
-            ids: Vec::new(),
-            stop: StopReason::MaxLength,
-        })
-        .collect();
-    // `active[r]` is the input index of row `r`.
-    let mut active: Vec<usize> = (0..inputs.len())
-        .filter(|&i| inputs[i].max_output_tokens > 0)
-        .collect();
-    if active.is_empty() {
-        return Ok(outputs);
-    }
-    let sources: Vec<&[i64]> = active
-        .iter()
-        .map(|&i| inputs[i].source_ids.as_slice())
-        .collect();
-    let mut rows = backend.encode(&sources)?;
-    let mut target_ids = vec![i64::from(special.bos); active.len()];
-    let mut positions = vec![0i64; active.len()];
-
+    let mut outputs: Vec<Option<DecodeOutput>> = vec![None; inputs.len()];
+    let mut batch = RunningBatch::<B, usize>::default();
+    let mut finished = batch.join(backend, inputs.iter().cloned().enumerate().collect())?;
     loop {
-        let logits = backend.step(&mut rows, &target_ids, &positions)?;
-        if logits.nrows() != active.len() {
-            return Err(BackendError::Contract(format!(
-                "logits have {} rows for a batch of {}",
-                logits.nrows(),
-                active.len()
-            )));
+        for (index, output) in finished {
+            outputs[index] = Some(output);
         }
-        let mut keep = Vec::with_capacity(active.len());
-        for (row, &input) in active.iter().enumerate() {
-            let next = argmax(logits.row(row));
-            let output = &mut outputs[input];
-            if next == special.eos {
-                output.stop = StopReason::Eos;
-            } else {
-                output.ids.push(next);
-                if output.ids.len() < inputs[input].max_output_tokens {
-                    keep.push(row);
-                }
-            }
+        if batch.is_empty() {
+            break;
         }
-        if keep.is_empty() {
-            return Ok(outputs);
-        }
-        if keep.len() < active.len() {
-            backend.retain_rows(&mut rows, &keep)?;
-        }
-        positions = keep.iter().map(|&row| positions[row] + 1).collect();
-        active = keep.iter().map(|&row| active[row]).collect();
-        target_ids = active
-            .iter()
-            .map(|&input| i64::from(*outputs[input].ids.last().expect("kept rows have output")))
-            .collect();
+        finished = batch.step(backend, special)?;
     }
+    Ok(outputs
+        .into_iter()
+        .map(|o| o.expect("every input finishes"))
+        .collect())
 }
 
-/// Index of the largest logit; NaNs never win (an all-NaN row gives 0).
-pub fn argmax(logits: ArrayView1<'_, f32>) -> u32 {
+/// Index of the largest logit other than `banned`; NaNs never win (an all-NaN row gives 0).
+pub fn argmax_except(logits: ArrayView1<'_, f32>, banned: Option<u32>) -> u32 {
     let mut best = 0usize;
     let mut best_value = f32::NEG_INFINITY;
     for (i, &v) in logits.iter().enumerate() {
-        if v > best_value {
+        if v > best_value && banned != Some(i as u32) {
             best = i;
             best_value = v;
         }
@@ -142,6 +300,8 @@ pub(crate) mod testing {
         pub step_sizes: Vec<usize>,
         /// Fail the next step (error-path tests).
         pub fail: bool,
+        /// Time each step takes (timeout and queueing tests).
+        pub step_delay: std::time::Duration,
     }
 
     impl Backend for CopyBackend {
@@ -163,6 +323,7 @@ pub(crate) mod testing {
             if self.fail {
                 return Err(BackendError::Inference("injected failure".into()));
             }
+            std::thread::sleep(self.step_delay);
             let n = rows.sources.len();
             assert_eq!(target_ids.len(), n);
             assert_eq!(positions.len(), n);
@@ -171,22 +332,33 @@ pub(crate) mod testing {
             for r in 0..n {
                 let p = positions[r] as usize;
                 let source = &rows.sources[r];
-                // The cache holds exactly the tokens fed at positions 0..p.
-                let mut expected: Vec<i64> = vec![SPECIAL.bos.into()];
-                expected.extend(source.iter().take(p.saturating_sub(1)));
-                expected.truncate(p);
-                assert_eq!(rows.cache[r], expected, "row {r} cache at position {p}");
-                let expected_token = if p == 0 {
-                    i64::from(SPECIAL.bos)
-                } else {
-                    source[p - 1]
-                };
-                assert_eq!(target_ids[r], expected_token, "row {r} fed token");
+                // The cache holds exactly the tokens fed at positions 0..p; while the row
+                // copies its source they are BOS and the source words. (Past the source, a
+                // length constraint that bans EOS makes the loop feed other tokens.)
+                assert_eq!(rows.cache[r].len(), p, "row {r} cache length");
+                if p < source.len() {
+                    let mut expected: Vec<i64> = vec![SPECIAL.bos.into()];
+                    expected.extend(&source[..p.saturating_sub(1)]);
+                    expected.truncate(p);
+                    assert_eq!(rows.cache[r], expected, "row {r} cache at position {p}");
+                    let fed = if p == 0 {
+                        SPECIAL.bos.into()
+                    } else {
+                        source[p - 1]
+                    };
+                    assert_eq!(target_ids[r], fed, "row {r} fed token");
+                }
                 rows.cache[r].push(target_ids[r]);
                 let next = source.get(p).copied().unwrap_or(0) as usize;
                 logits[[r, next]] = 10.0;
             }
             Ok(logits)
+        }
+
+        fn append(&mut self, rows: &mut CopyRows, new: CopyRows) -> Result<(), BackendError> {
+            rows.sources.extend(new.sources);
+            rows.cache.extend(new.cache);
+            Ok(())
         }
 
         fn retain_rows(&mut self, rows: &mut CopyRows, keep: &[usize]) -> Result<(), BackendError> {
@@ -229,6 +401,36 @@ pub(crate) mod testing {
         }
     }
 
+    /// The service around a copy backend, as `nmt-server` builds it, marked ready.
+    pub fn infer(
+        backend: CopyBackend,
+        limits: crate::infer::RequestLimits,
+        scheduler: crate::scheduler::SchedulerConfig,
+    ) -> crate::infer::Infer {
+        let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+        let (translator, _worker) = crate::scheduler::Translator::spawn(
+            backend,
+            SPECIAL,
+            scheduler,
+            metrics.worker("dev-copy"),
+        )
+        .expect("worker thread");
+        let model = crate::infer::Model {
+            name: "dev-copy".into(),
+            preset: "transformer-tiny".into(),
+            source_language: "en".into(),
+            target_language: "es".into(),
+            codec: crate::package::TextCodec::new(tokenizer()),
+            translator,
+            eos_id: SPECIAL.eos,
+            max_source_tokens: None,
+            max_target_tokens: 64,
+        };
+        let infer = crate::infer::Infer::new(vec![model], "dev-copy", limits, metrics).unwrap();
+        infer.set_ready(true);
+        infer
+    }
+
     /// Tokenizer matching the copy model's vocabulary (the dev package's `tokenizer.json`).
     pub fn tokenizer() -> tokenizers::Tokenizer {
         let words = "hello world the cat sat on mat a dog runs fast slow red blue green house \
@@ -269,10 +471,7 @@ mod tests {
     fn input(words: &[i64], max: usize) -> DecodeInput {
         let mut source_ids = words.to_vec();
         source_ids.push(SPECIAL.eos.into());
-        DecodeInput {
-            source_ids,
-            max_output_tokens: max,
-        }
+        DecodeInput::new(source_ids, max)
     }
 
     #[test]
@@ -326,9 +525,90 @@ mod tests {
     }
 
     #[test]
+    fn rows_join_a_running_batch_between_steps() {
+        let mut backend = CopyBackend::default();
+        let mut batch = RunningBatch::<CopyBackend, &str>::default();
+        let joined = batch
+            .join(&mut backend, vec![("long", input(&[4, 5, 6, 7, 8], 20))])
+            .unwrap();
+        assert!(joined.is_empty());
+        assert!(batch.step(&mut backend, SPECIAL).unwrap().is_empty());
+        assert!(batch.step(&mut backend, SPECIAL).unwrap().is_empty());
+        // Two steps in, a short sentence joins and finishes first; the long one is not
+        // disturbed (the backend checks every row's cache and fed token).
+        batch
+            .join(&mut backend, vec![("short", input(&[9], 20))])
+            .unwrap();
+        assert_eq!(batch.len(), 2);
+        let mut finished = Vec::new();
+        while !batch.is_empty() {
+            finished.extend(batch.step(&mut backend, SPECIAL).unwrap());
+        }
+        assert_eq!(
+            finished,
+            vec![
+                (
+                    "short",
+                    DecodeOutput {
+                        ids: vec![9],
+                        stop: StopReason::Eos
+                    }
+                ),
+                (
+                    "long",
+                    DecodeOutput {
+                        ids: vec![4, 5, 6, 7, 8],
+                        stop: StopReason::Eos
+                    }
+                ),
+            ]
+        );
+        assert_eq!(backend.step_sizes, vec![1, 1, 2, 2, 1, 1]);
+    }
+
+    #[test]
+    fn cancelled_rows_leave_and_the_others_go_on() {
+        let mut backend = CopyBackend::default();
+        let mut batch = RunningBatch::<CopyBackend, u32>::default();
+        batch
+            .join(
+                &mut backend,
+                vec![(1, input(&[4, 5, 6], 20)), (2, input(&[7, 8, 9], 20))],
+            )
+            .unwrap();
+        batch.step(&mut backend, SPECIAL).unwrap();
+        assert_eq!(
+            batch.cancel(&mut backend, |&tag| tag == 1).unwrap(),
+            vec![1]
+        );
+        let mut finished = Vec::new();
+        while !batch.is_empty() {
+            finished.extend(batch.step(&mut backend, SPECIAL).unwrap());
+        }
+        assert_eq!(finished.len(), 1);
+        assert_eq!(finished[0].0, 2);
+        assert_eq!(finished[0].1.ids, vec![7, 8, 9]);
+    }
+
+    #[test]
+    fn a_minimum_length_bans_eos_until_it_is_reached() {
+        let mut backend = CopyBackend::default();
+        let mut constrained = input(&[4, 5], 5);
+        constrained.min_output_tokens = 5;
+        let out = greedy_decode(&mut backend, SPECIAL, &[constrained]).unwrap();
+        // EOS is the copy model's choice after two words; banned, it takes the next best.
+        assert_eq!(out[0].ids.len(), 5);
+        assert_eq!(&out[0].ids[..2], &[4, 5]);
+        assert!(!out[0].ids.contains(&SPECIAL.eos));
+        assert_eq!(out[0].stop, StopReason::MaxLength);
+    }
+
+    #[test]
     fn argmax_ignores_nan_and_prefers_the_first_maximum() {
-        assert_eq!(argmax(array![0.0, 3.0, f32::NAN, 3.0].view()), 1);
-        assert_eq!(argmax(array![f32::NAN, f32::NAN].view()), 0);
-        assert_eq!(argmax(array![-5.0, -1.0].view()), 1);
+        let argmax = |v: ndarray::Array1<f32>| argmax_except(v.view(), None);
+        assert_eq!(argmax(array![0.0, 3.0, f32::NAN, 3.0]), 1);
+        assert_eq!(argmax(array![f32::NAN, f32::NAN]), 0);
+        assert_eq!(argmax(array![-5.0, -1.0]), 1);
+        assert_eq!(argmax_except(array![-5.0, -1.0].view(), Some(1)), 0);
     }
 }

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use crate::worker::TranslateError;
+use crate::scheduler::TranslateError;
 
 /// Every way a request can fail. Handlers and extractors return this; nothing else builds
 /// an error response.
@@ -43,9 +43,21 @@ pub enum ApiError {
     /// The path exists but not for this method.
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// `target_length` is not a positive number within the model's output limit.
+    #[error("{0}")]
+    InvalidTargetLength(String),
+    /// The request asks for something the chosen model cannot do.
+    #[error("{0}")]
+    Unsupported(String),
     /// The model's queue is full.
     #[error("{0}")]
     Overloaded(String),
+    /// The server is warming up or shutting down.
+    #[error("{0}")]
+    NotReady(String),
+    /// No answer within the request timeout.
+    #[error("{0}")]
+    Timeout(String),
     /// The model worker is not running (it stopped or failed).
     #[error("{0}")]
     Unavailable(String),
@@ -53,6 +65,10 @@ pub enum ApiError {
     #[error("{0}")]
     Internal(String),
 }
+
+/// Set on every error response, for the layer that counts errors by type.
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorType(pub &'static str);
 
 /// The JSON body of every error response.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -66,9 +82,10 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
-            ApiError::InvalidRequest(_) | ApiError::EmptyText(_) => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            ApiError::InvalidRequest(_)
+            | ApiError::EmptyText(_)
+            | ApiError::InvalidTargetLength(_)
+            | ApiError::Unsupported(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::TooManyTexts(_)
             | ApiError::InputTooLong(_)
@@ -76,8 +93,34 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The gRPC status code of each error ([`crate::grpc`]): the only place where that
+    /// mapping lives. Requests the client must change are `INVALID_ARGUMENT`; the
+    /// transport-only variants map to what gRPC says for them (no such method:
+    /// `UNIMPLEMENTED`; message too large: `RESOURCE_EXHAUSTED`).
+    pub fn grpc_code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            ApiError::InvalidJson(_)
+            | ApiError::InvalidRequest(_)
+            | ApiError::EmptyText(_)
+            | ApiError::InvalidTargetLength(_)
+            | ApiError::UnsupportedMediaType(_)
+            | ApiError::TooManyTexts(_)
+            | ApiError::InputTooLong(_) => Code::InvalidArgument,
+            ApiError::ModelNotFound(_) => Code::NotFound,
+            ApiError::NotFound(_) | ApiError::MethodNotAllowed(_) | ApiError::Unsupported(_) => {
+                Code::Unimplemented
+            }
+            ApiError::PayloadTooLarge(_) | ApiError::Overloaded(_) => Code::ResourceExhausted,
+            ApiError::NotReady(_) | ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::Timeout(_) => Code::DeadlineExceeded,
+            ApiError::Internal(_) => Code::Internal,
         }
     }
 
@@ -94,7 +137,11 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::InvalidTargetLength(_) => "invalid_target_length",
+            ApiError::Unsupported(_) => "unsupported",
             ApiError::Overloaded(_) => "overloaded",
+            ApiError::NotReady(_) => "not_ready",
+            ApiError::Timeout(_) => "timeout",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -123,7 +170,7 @@ impl ApiError {
 impl From<TranslateError> for ApiError {
     fn from(err: TranslateError) -> Self {
         match err {
-            TranslateError::Overloaded => ApiError::Overloaded(err.to_string()),
+            TranslateError::Overloaded(_) => ApiError::Overloaded(err.to_string()),
             TranslateError::Stopped => ApiError::Unavailable(err.to_string()),
             TranslateError::Backend(_) => ApiError::Internal(err.to_string()),
         }
@@ -147,22 +194,25 @@ impl IntoResponse for ApiError {
             error_type: self.error_type().to_string(),
         };
         let mut response = (status, Json(body)).into_response();
-        if let ApiError::Overloaded(_) = self {
+        if let ApiError::Overloaded(_) | ApiError::NotReady(_) = self {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        // The metrics layer counts errors by this type (see `http::app`).
+        response
+            .extensions_mut()
+            .insert(ErrorType(self.error_type()));
         response
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn every_variant_has_a_distinct_type_and_an_error_status() {
-        let all = [
+    pub fn every_variant() -> Vec<ApiError> {
+        vec![
             ApiError::InvalidJson(String::new()),
             ApiError::InvalidRequest(String::new()),
             ApiError::EmptyText(String::new()),
@@ -173,10 +223,19 @@ mod tests {
             ApiError::UnsupportedMediaType(String::new()),
             ApiError::NotFound(String::new()),
             ApiError::MethodNotAllowed(String::new()),
+            ApiError::InvalidTargetLength(String::new()),
+            ApiError::Unsupported(String::new()),
             ApiError::Overloaded(String::new()),
+            ApiError::NotReady(String::new()),
+            ApiError::Timeout(String::new()),
             ApiError::Unavailable(String::new()),
             ApiError::Internal(String::new()),
-        ];
+        ]
+    }
+
+    #[test]
+    fn every_variant_has_a_distinct_type_and_an_error_status() {
+        let all = every_variant();
         let mut types: Vec<_> = all.iter().map(|e| e.error_type()).collect();
         types.sort();
         types.dedup();
@@ -184,6 +243,41 @@ mod tests {
         assert!(all
             .iter()
             .all(|e| e.status().is_client_error() || e.status().is_server_error()));
+    }
+
+    #[test]
+    fn every_variant_has_a_grpc_code() {
+        use tonic::Code;
+        for error in every_variant() {
+            let expected = match error.error_type() {
+                "invalid_json"
+                | "invalid_request"
+                | "empty_text"
+                | "invalid_target_length"
+                | "unsupported_media_type"
+                | "too_many_texts"
+                | "input_too_long" => Code::InvalidArgument,
+                "model_not_found" => Code::NotFound,
+                "not_found" | "method_not_allowed" | "unsupported" => Code::Unimplemented,
+                "payload_too_large" | "overloaded" => Code::ResourceExhausted,
+                "not_ready" | "unavailable" => Code::Unavailable,
+                "timeout" => Code::DeadlineExceeded,
+                "internal" => Code::Internal,
+                other => panic!("no gRPC code expected for `{other}`"),
+            };
+            assert_eq!(error.grpc_code(), expected, "{}", error.error_type());
+            // The server's faults in HTTP are the server's faults in gRPC.
+            let server_side = matches!(
+                expected,
+                Code::Unavailable | Code::DeadlineExceeded | Code::Internal
+            );
+            assert_eq!(
+                error.status().is_server_error(),
+                server_side,
+                "{}",
+                error.error_type()
+            );
+        }
     }
 
     #[test]

@@ -1,97 +1,87 @@
-//! The HTTP API: `POST /translate`, `GET /health`.
+//! The HTTP API: `POST /translate`, `GET /health`, `/ready`, `/metrics`, `/openapi.json`.
+//!
+//! Handlers only convert JSON to and from the transport-neutral types of [`crate::infer`].
+//! One middleware gives every request an id (from `x-request-id`, or a new UUID), runs it in
+//! a span carrying that id, returns the id in the response header, and counts errors by type.
 
 use std::fmt;
-use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
-use axum::http::{Method, Uri};
+use axum::http::{header, HeaderName, HeaderValue, Method, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+use tracing::Instrument;
 
-use crate::decode::DecodeInput;
-use crate::error::ApiError;
-use crate::package::TextCodec;
-use crate::worker::Translator;
+use crate::error::{ApiError, ErrorType};
+use crate::infer::{Infer, TargetLength, TranslateRequest, TranslateResponse};
 
-/// Request limits and the decode length bound.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Limits {
-    /// Texts in one request.
-    pub max_texts_per_request: usize,
-    /// Subword tokens in one text (EOS not counted).
-    pub max_input_tokens: usize,
-    /// Size of a request body.
-    pub max_body_bytes: usize,
-    /// A row stops after `min(max_target_tokens, ratio * source_tokens + offset)` tokens.
-    pub max_length_ratio: f64,
-    pub max_length_offset: usize,
-    /// The model's own bound (manifest `limits.max_target_tokens`).
-    pub max_target_tokens: usize,
-}
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-impl Limits {
-    /// Most tokens generated for a source of `source_tokens` subwords (EOS included).
-    pub fn max_output_tokens(&self, source_tokens: usize) -> usize {
-        let bound =
-            (self.max_length_ratio * source_tokens as f64).ceil() as usize + self.max_length_offset;
-        bound.min(self.max_target_tokens).max(1)
-    }
-}
+/// The OpenAPI 3.1 description of this API, served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("../openapi.json");
 
-/// Everything a handler needs; cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    model_name: String,
-    eos_id: u32,
-    codec: TextCodec,
-    translator: Translator,
-    limits: Limits,
-}
-
-impl AppState {
-    pub fn new(
-        model_name: impl Into<String>,
-        eos_id: u32,
-        codec: TextCodec,
-        translator: Translator,
-        limits: Limits,
-    ) -> Self {
-        AppState {
-            inner: Arc::new(Inner {
-                model_name: model_name.into(),
-                eos_id,
-                codec,
-                translator,
-                limits,
-            }),
-        }
-    }
-
-    pub fn model_name(&self) -> &str {
-        &self.inner.model_name
-    }
-
-    pub fn limits(&self) -> &Limits {
-        &self.inner.limits
-    }
-}
-
-/// The router with all routes, the body limit and JSON fallbacks.
-pub fn app(state: AppState) -> Router {
-    let body_limit = state.limits().max_body_bytes;
+/// The router with all routes, the body limit, JSON fallbacks and the request middleware.
+pub fn app(infer: Infer) -> Router {
+    let body_limit = infer.limits().max_body_bytes;
     Router::new()
         .route("/translate", post(translate))
         .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+        .layer(middleware::from_fn_with_state(
+            infer.clone(),
+            request_context,
+        ))
+        .with_state(infer)
+}
+
+/// A client-chosen id is kept if it is short printable ASCII; otherwise a new one is made.
+fn request_id(request: &Request) -> String {
+    request
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
+async fn request_context(State(infer): State<Infer>, request: Request, next: Next) -> Response {
+    let id = request_id(&request);
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %request.method(),
+        path = %request.uri().path(),
+    );
+    let started = Instant::now();
+    let quiet = matches!(request.uri().path(), "/health" | "/ready" | "/metrics");
+    let mut response = next.run(request).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    if let Some(ErrorType(error_type)) = response.extensions().get::<ErrorType>() {
+        infer.metrics().record_error(error_type);
+    }
+    span.in_scope(|| {
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        if quiet {
+            tracing::debug!(status, elapsed_ms, "answered");
+        } else {
+            tracing::info!(status, elapsed_ms, "answered");
+        }
+    });
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    response
 }
 
 /// `text` is a single string or a list of strings.
@@ -136,69 +126,85 @@ impl Texts {
     }
 }
 
+/// `target_length`: a positive integer, `"source"` or `"auto"`.
+struct TargetLengthJson(TargetLength);
+
+impl<'de> Deserialize<'de> for TargetLengthJson {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct LengthVisitor;
+        impl Visitor<'_> for LengthVisitor {
+            type Value = TargetLengthJson;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(r#"a number of subword tokens, "source" or "auto""#)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(TargetLengthJson(TargetLength::Tokens(
+                    usize::try_from(v).unwrap_or(usize::MAX),
+                )))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "source" => Ok(TargetLengthJson(TargetLength::Source)),
+                    "auto" => Ok(TargetLengthJson(TargetLength::Auto)),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        deserializer.deserialize_any(LengthVisitor)
+    }
+}
+
 /// Body of `POST /translate`: a JSON object (serde would also accept an array for a
 /// derived struct; the API does not).
-#[derive(Debug)]
-pub struct TranslateRequest {
-    pub text: Texts,
-    pub model: Option<String>,
-}
+pub struct TranslateBody(TranslateRequest);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TranslateRequestFields {
+struct TranslateFields {
     text: Texts,
     #[serde(default)]
     model: Option<String>,
+    #[serde(default)]
+    target_length: Option<TargetLengthJson>,
 }
 
-impl<'de> Deserialize<'de> for TranslateRequest {
+impl<'de> Deserialize<'de> for TranslateBody {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct ObjectVisitor;
         impl<'de> Visitor<'de> for ObjectVisitor {
-            type Value = TranslateRequest;
+            type Value = TranslateBody;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object with `text` and optionally `model`")
+                f.write_str("a JSON object with `text` and optionally `model` and `target_length`")
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                let fields = TranslateRequestFields::deserialize(
-                    de::value::MapAccessDeserializer::new(map),
-                )?;
-                Ok(TranslateRequest {
-                    text: fields.text,
+                let fields =
+                    TranslateFields::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(TranslateBody(TranslateRequest {
+                    texts: fields.text.into_vec(),
                     model: fields.model,
-                })
+                    target_length: fields.target_length.map(|t| t.0),
+                }))
             }
         }
         deserializer.deserialize_map(ObjectVisitor)
     }
 }
 
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Translation {
-    pub text: String,
-    /// Subword tokens of the input (EOS not counted).
-    pub source_tokens: usize,
-    /// Tokens generated (EOS not counted).
-    pub output_tokens: usize,
-}
-
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TranslateResponse {
-    pub model: String,
-    pub translations: Vec<Translation>,
-}
-
 /// `Json<T>` whose rejections come back as [`ApiError`]s.
 pub struct ApiJson<T>(pub T);
 
-impl<T> FromRequest<AppState> for ApiJson<T>
+impl<T> FromRequest<Infer> for ApiJson<T>
 where
     T: serde::de::DeserializeOwned,
 {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, state: &Infer) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(req, state).await {
             Ok(Json(value)) => Ok(ApiJson(value)),
             Err(rejection) => Err(ApiError::from_json_rejection(
@@ -209,92 +215,48 @@ where
     }
 }
 
-/// Checks the request and turns it into decoder inputs. Returns the source token counts.
-fn prepare(
-    state: &AppState,
-    request: TranslateRequest,
-) -> Result<(Vec<DecodeInput>, Vec<usize>), ApiError> {
-    if let Some(model) = &request.model {
-        if model != state.model_name() {
-            return Err(ApiError::ModelNotFound(format!(
-                "model `{model}` is not served here; this server serves `{}`",
-                state.model_name()
-            )));
-        }
-    }
-    let texts = request.text.into_vec();
-    let limits = state.limits();
-    if texts.is_empty() {
-        return Err(ApiError::EmptyText("`text` is an empty list".into()));
-    }
-    if texts.len() > limits.max_texts_per_request {
-        return Err(ApiError::TooManyTexts(format!(
-            "{} texts in one request; the limit is {} (max_texts_per_request)",
-            texts.len(),
-            limits.max_texts_per_request
-        )));
-    }
-    let mut inputs = Vec::with_capacity(texts.len());
-    let mut counts = Vec::with_capacity(texts.len());
-    for (i, text) in texts.iter().enumerate() {
-        if text.trim().is_empty() {
-            return Err(ApiError::EmptyText(format!(
-                "text {i} is empty or only whitespace"
-            )));
-        }
-        let ids = state
-            .inner
-            .codec
-            .encode(text)
-            .map_err(|e| ApiError::Internal(format!("tokenizing text {i}: {e}")))?;
-        if ids.len() > limits.max_input_tokens {
-            return Err(ApiError::InputTooLong(format!(
-                "text {i} has {} subword tokens; the limit is {} (max_input_tokens)",
-                ids.len(),
-                limits.max_input_tokens
-            )));
-        }
-        let mut source_ids: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
-        source_ids.push(i64::from(state.inner.eos_id));
-        counts.push(ids.len());
-        inputs.push(DecodeInput {
-            max_output_tokens: limits.max_output_tokens(source_ids.len()),
-            source_ids,
-        });
-    }
-    Ok((inputs, counts))
-}
-
 async fn translate(
-    State(state): State<AppState>,
-    ApiJson(request): ApiJson<TranslateRequest>,
+    State(infer): State<Infer>,
+    ApiJson(TranslateBody(request)): ApiJson<TranslateBody>,
 ) -> Result<Json<TranslateResponse>, ApiError> {
-    let (inputs, source_counts) = prepare(&state, request)?;
-    let outputs = state.inner.translator.translate(inputs).await?;
-    let translations = outputs
-        .into_iter()
-        .zip(source_counts)
-        .map(|(output, source_tokens)| {
-            let text = state
-                .inner
-                .codec
-                .decode(&output.ids)
-                .map_err(|e| ApiError::Internal(format!("detokenizing: {e}")))?;
-            Ok(Translation {
-                text,
-                source_tokens,
-                output_tokens: output.ids.len(),
-            })
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    Ok(Json(TranslateResponse {
-        model: state.model_name().to_string(),
-        translations,
-    }))
+    infer.translate(request).await.map(Json)
 }
 
 async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn ready(State(infer): State<Infer>) -> Result<Json<serde_json::Value>, ApiError> {
+    if infer.is_ready() {
+        Ok(Json(serde_json::json!({"status": "ready"})))
+    } else {
+        Err(ApiError::NotReady(
+            "not ready: the models are loading or warming up, or the server is shutting down"
+                .into(),
+        ))
+    }
+}
+
+async fn metrics(State(infer): State<Infer>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        infer.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        OPENAPI,
+    )
+        .into_response()
 }
 
 async fn not_found(uri: Uri) -> ApiError {
@@ -308,42 +270,57 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::testing::{tokenizer, CopyBackend, SPECIAL};
+    use crate::decode::testing::{self, CopyBackend};
     use crate::error::ErrorBody;
+    use crate::infer::{RequestLimits, Translation};
+    use crate::scheduler::{Batching, SchedulerConfig};
     use axum::body::Body;
-    use axum::http::{header, Request, StatusCode};
+    use axum::http::{Request, StatusCode};
     use http_body_util::BodyExt;
+    use std::time::Duration;
     use tower::ServiceExt;
 
-    fn limits() -> Limits {
-        Limits {
+    fn limits() -> RequestLimits {
+        RequestLimits {
             max_texts_per_request: 3,
             max_input_tokens: 5,
+            max_output_tokens: 64,
             max_body_bytes: 256,
             max_length_ratio: 2.0,
             max_length_offset: 10,
-            max_target_tokens: 64,
+            request_timeout: Duration::from_secs(10),
         }
     }
 
-    fn state_with(backend: CopyBackend) -> AppState {
-        let (translator, _handle) = Translator::spawn(backend, SPECIAL, 8).unwrap();
-        AppState::new(
-            "dev-copy",
-            SPECIAL.eos,
-            TextCodec::new(tokenizer()),
-            translator,
-            limits(),
-        )
+    fn scheduler() -> SchedulerConfig {
+        SchedulerConfig {
+            batching: Batching::Continuous,
+            max_batch_size: 16,
+            max_batch_tokens: 4096,
+            max_queued_requests: 16,
+        }
+    }
+
+    fn state_with(backend: CopyBackend) -> Infer {
+        testing::infer(backend, limits(), scheduler())
     }
 
     async fn send(app: Router, request: Request<Body>) -> (StatusCode, serde_json::Value) {
+        let (status, _, json) = send_full(app, request).await;
+        (status, json)
+    }
+
+    async fn send_full(
+        app: Router,
+        request: Request<Body>,
+    ) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
         let response = app.oneshot(request).await.unwrap();
         let status = response.status();
+        let headers = response.headers().clone();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         let json = serde_json::from_slice(&bytes)
             .unwrap_or_else(|e| panic!("body is not JSON ({e}): {bytes:?}"));
-        (status, json)
+        (status, headers, json)
     }
 
     fn post_json(body: impl Into<String>) -> Request<Body> {
@@ -373,7 +350,8 @@ mod tests {
             vec![Translation {
                 text: "hello world".into(),
                 source_tokens: 2,
-                output_tokens: 2
+                output_tokens: 2,
+                target_length: None,
             }]
         );
 
@@ -544,16 +522,243 @@ mod tests {
         assert!(message.contains("injected failure"), "{message}");
     }
 
-    #[test]
-    fn length_bound_follows_the_source_and_the_model_limit() {
-        let l = limits();
-        assert_eq!(l.max_output_tokens(3), 16);
-        assert_eq!(l.max_output_tokens(40), 64);
-        let zero = Limits {
-            max_length_ratio: 0.0,
-            max_length_offset: 0,
-            ..l
+    #[tokio::test]
+    async fn a_target_length_is_met_and_reported() {
+        let (status, json) =
+            post(r#"{"text": ["hello world", "the cat sat"], "target_length": 4}"#).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        let response: TranslateResponse = serde_json::from_value(json).unwrap();
+        for t in &response.translations {
+            assert_eq!((t.output_tokens, t.target_length), (4, Some(4)), "{t:?}");
+        }
+        // The copy model wants EOS after the source; banned, it pads (skipped on output).
+        assert_eq!(response.translations[0].text, "hello world");
+
+        let (status, json) = post(r#"{"text": "the cat sat", "target_length": "source"}"#).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        let response: TranslateResponse = serde_json::from_value(json).unwrap();
+        let t = &response.translations[0];
+        assert_eq!(
+            (t.text.as_str(), t.output_tokens, t.target_length),
+            ("the cat sat", 3, Some(3))
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_target_lengths_are_422() {
+        for (body, expected) in [
+            (
+                r#"{"text": "hello", "target_length": 0}"#,
+                "invalid_target_length",
+            ),
+            (
+                r#"{"text": "hello", "target_length": 65}"#,
+                "invalid_target_length",
+            ),
+            (
+                r#"{"text": "hello", "target_length": -3}"#,
+                "invalid_request",
+            ),
+            (
+                r#"{"text": "hello", "target_length": "long"}"#,
+                "invalid_request",
+            ),
+            (
+                r#"{"text": "hello", "target_length": "auto"}"#,
+                "unsupported",
+            ),
+        ] {
+            let (status, json) = post(body).await;
+            let (status, ty, message) = error_of(status, json);
+            assert_eq!(
+                (status, ty.as_str()),
+                (StatusCode::UNPROCESSABLE_ENTITY, expected),
+                "{body}: {message}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn request_ids_are_kept_or_made() {
+        let app = app(state_with(CopyBackend::default()));
+        let mut request = post_json(r#"{"text": "hello"}"#);
+        request
+            .headers_mut()
+            .insert(REQUEST_ID, HeaderValue::from_static("client-id-7"));
+        let (_, headers, _) = send_full(app.clone(), request).await;
+        assert_eq!(headers[&REQUEST_ID], "client-id-7");
+        let (_, headers, _) = send_full(app, post_json(r#"{"text": ""}"#)).await;
+        let made = headers[&REQUEST_ID].to_str().unwrap();
+        assert!(uuid::Uuid::parse_str(made).is_ok(), "{made}");
+    }
+
+    #[tokio::test]
+    async fn not_ready_is_503_until_warmed_up() {
+        let infer = state_with(CopyBackend::default());
+        infer.set_ready(false);
+        let app = app(infer.clone());
+        let ready = || Request::get("/ready").body(Body::empty()).unwrap();
+        let (status, headers, json) = send_full(app.clone(), ready()).await;
+        assert_eq!(error_of(status, json).1, "not_ready");
+        assert_eq!(headers[header::RETRY_AFTER], "1");
+        let (status, json) = send(app.clone(), post_json(r#"{"text": "hello"}"#)).await;
+        assert_eq!(
+            (status, error_of(status, json).1.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "not_ready")
+        );
+        infer.warm_up().await.unwrap();
+        let (status, json) = send(app, ready()).await;
+        assert_eq!(
+            (status, json),
+            (StatusCode::OK, serde_json::json!({"status": "ready"}))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_timeout_is_504_and_spares_the_rest_of_the_batch() {
+        let backend = CopyBackend {
+            step_delay: Duration::from_millis(20),
+            ..Default::default()
         };
-        assert_eq!(zero.max_output_tokens(5), 1);
+        let infer = testing::infer(
+            backend,
+            RequestLimits {
+                max_input_tokens: 40,
+                request_timeout: Duration::from_millis(300),
+                ..limits()
+            },
+            scheduler(),
+        );
+        let app = app(infer.clone());
+        // 21 steps of 20 ms: past the timeout. Beside it, 3 steps.
+        let long = format!(r#"{{"text": "{}"}}"#, "one two three four five ".repeat(4));
+        let slow = tokio::spawn(send(app.clone(), post_json(long)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let (status, json) = send(app.clone(), post_json(r#"{"text": "hello world"}"#)).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        let (status, json) = slow.await.unwrap();
+        let (status, ty, message) = error_of(status, json);
+        assert_eq!(
+            (status, ty.as_str()),
+            (StatusCode::GATEWAY_TIMEOUT, "timeout")
+        );
+        assert!(message.contains("0.3 s"), "{message}");
+        let metrics = infer.metrics().render();
+        assert!(
+            metrics.contains("nmt_errors_total{type=\"timeout\"} 1"),
+            "{metrics}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_is_429_with_retry_after() {
+        let backend = CopyBackend {
+            step_delay: Duration::from_millis(30),
+            ..Default::default()
+        };
+        let infer = testing::infer(
+            backend,
+            limits(),
+            SchedulerConfig {
+                max_batch_size: 1,
+                max_queued_requests: 1,
+                ..scheduler()
+            },
+        );
+        let app = app(infer);
+        let body = r#"{"text": "one two three four five"}"#;
+        // The first runs (6 steps), the second waits for its row, the third finds the
+        // queue full.
+        let first = tokio::spawn(send(app.clone(), post_json(body)));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let second = tokio::spawn(send(app.clone(), post_json(body)));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (status, headers, json) = send_full(app.clone(), post_json(body)).await;
+        assert_eq!(headers[header::RETRY_AFTER], "1");
+        let (status, ty, message) = error_of(status, json);
+        assert_eq!(
+            (status, ty.as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, "overloaded")
+        );
+        assert!(message.contains("queue is full"), "{message}");
+        assert_eq!(first.await.unwrap().0, StatusCode::OK);
+        assert_eq!(second.await.unwrap().0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn metrics_are_exported_by_model_and_input_length() {
+        let infer = state_with(CopyBackend::default());
+        let app = app(infer);
+        send(
+            app.clone(),
+            post_json(r#"{"text": ["hello world", "a dog"], "target_length": 3}"#),
+        )
+        .await;
+        send(app.clone(), post_json(r#"{"text": 7}"#)).await;
+        let response = app
+            .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        for line in [
+            "nmt_request_duration_seconds_count{input_length=\"1-16\",model=\"dev-copy\"} 1",
+            "nmt_queue_duration_seconds_count{input_length=\"1-16\",model=\"dev-copy\"} 1",
+            "nmt_inference_duration_seconds_count{input_length=\"1-16\",model=\"dev-copy\"} 1",
+            "nmt_time_per_output_token_seconds_count{input_length=\"1-16\",model=\"dev-copy\"} 2",
+            "nmt_input_length_tokens_sum{model=\"dev-copy\"} 4",
+            "nmt_output_length_tokens_sum{model=\"dev-copy\"} 6",
+            "nmt_length_deviation_tokens_sum{model=\"dev-copy\"} 0",
+            "nmt_length_deviation_tokens_count{model=\"dev-copy\"} 2",
+            "nmt_batch_size_count{model=\"dev-copy\"} 3",
+            "nmt_queue_depth{model=\"dev-copy\"} 0",
+            "nmt_sequences_in_flight{model=\"dev-copy\"} 0",
+            "nmt_errors_total{type=\"invalid_request\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_openapi_document_describes_every_route_and_error_type() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        let paths = doc["paths"].as_object().unwrap();
+        let app = app(state_with(CopyBackend::default()));
+        for (path, methods) in paths {
+            for method in methods.as_object().unwrap().keys() {
+                let request = Request::builder()
+                    .method(method.to_uppercase().as_str())
+                    .uri(path)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(r#"{"text": "hello"}"#))
+                    .unwrap();
+                let status = app.clone().oneshot(request).await.unwrap().status();
+                assert!(
+                    status != StatusCode::NOT_FOUND && status != StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path}: {status}"
+                );
+            }
+        }
+        let documented: Vec<&str> = doc["components"]["schemas"]["Error"]["properties"]
+            ["error_type"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for error in crate::error::tests::every_variant() {
+            assert!(
+                documented.contains(&error.error_type()),
+                "{} is not in openapi.json",
+                error.error_type()
+            );
+        }
     }
 }

@@ -5,22 +5,30 @@
 //! - [`onnx`]: loading ONNX Runtime, checking the graphs against the decoder-step contract
 //!   (`model_package::names`), and [`onnx::OrtBackend`], the [`backend::Backend`] that runs
 //!   them.
-//! - [`decode`]: the greedy loop, written against [`backend::Backend`] only.
-//! - [`worker`]: the model's own thread and the channel handlers use to reach it.
-//! - [`http`]: routes, request validation, [`http::app`].
+//! - [`decode`]: greedy decoding over a running batch that rows join and leave, written
+//!   against [`backend::Backend`] only.
+//! - [`scheduler`]: the model's own thread, its queue, and continuous batching.
+//! - [`infer`]: the service whatever the transport: validation, timeouts, metrics.
+//! - [`http`]: the JSON API over axum, [`http::app`].
+//! - [`grpc`]: the gRPC API over tonic (`proto/translate.proto`), [`grpc::serve`].
+//! - [`metrics`]: the Prometheus metrics.
 //! - [`error`]: the one error type of the API and its status codes.
 //! - [`server`]: command line, start-up ([`server::load`]) and serving ([`server::run`]).
 
 pub mod backend;
 pub mod decode;
 pub mod error;
+pub mod grpc;
 pub mod http;
+pub mod infer;
+pub mod metrics;
 pub mod onnx;
 pub mod package;
+pub mod scheduler;
 pub mod server;
 pub mod tensor;
-pub mod worker;
 
 pub use error::ApiError;
-pub use http::{app, AppState, Limits};
+pub use http::app;
+pub use infer::Infer;
 pub use server::{load, run, Args};

@@ -70,17 +70,78 @@ pub fn environment(library: Option<&Path>) -> anyhow::Result<Environment> {
     Ok(env)
 }
 
+/// Where the graphs run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// CUDA when this ONNX Runtime has it and a GPU answers, otherwise CPU.
+    Auto,
+    Cpu,
+    /// CUDA, falling back to CPU (with a warning) when it cannot be used.
+    Cuda,
+}
+
 /// How the sessions run.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
     /// Threads one operator may use. 1 is fastest on small machines (see DESIGN.md).
     pub intra_op_threads: usize,
+    pub device: Device,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
             intra_op_threads: 1,
+            device: Device::Cpu,
+        }
+    }
+}
+
+/// A session builder with the options applied, and the execution provider it got.
+fn session_builder(
+    env: &Environment,
+    options: &SessionOptions,
+) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {
+    use ort::ep::ExecutionProvider;
+    let threads = options.intra_op_threads.max(1);
+    let configure = |e: ort::Error<_>| anyhow!("configuring ONNX Runtime sessions: {e}");
+    let cpu = || -> anyhow::Result<_> {
+        Session::builder(env)
+            .map_err(|e| anyhow!("creating an ONNX Runtime session builder: {e}"))?
+            .with_optimization_level(GraphOptimizationLevel::All)
+            .map_err(configure)?
+            .with_intra_threads(threads)
+            .map_err(configure)?
+            .with_inter_threads(1)
+            .map_err(configure)
+    };
+    if options.device == Device::Cpu {
+        return Ok((cpu()?, "CPU"));
+    }
+    let warn = |reason: String| {
+        if options.device == Device::Cuda {
+            tracing::warn!("CUDA was asked for but {reason}; running on CPU");
+        } else {
+            tracing::info!("{reason}; running on CPU");
+        }
+    };
+    match ort::ep::CUDA::is_available() {
+        Ok(true) => {}
+        Ok(false) => {
+            warn("this ONNX Runtime library has no CUDA execution provider".into());
+            return Ok((cpu()?, "CPU"));
+        }
+        Err(e) => {
+            warn(format!("asking ONNX Runtime for CUDA failed ({e})"));
+            return Ok((cpu()?, "CPU"));
+        }
+    }
+    let cuda = ort::ep::CUDA::default().build().error_on_failure();
+    match cpu()?.with_execution_providers([cuda]) {
+        Ok(builder) => Ok((builder, "CUDA")),
+        Err(e) => {
+            warn(format!("the CUDA execution provider failed to start ({e})"));
+            Ok((cpu()?, "CPU"))
         }
     }
 }
@@ -425,15 +486,29 @@ pub struct OrtBackend {
     decoder: Session,
     layout: Layout,
     pad_id: i64,
+    execution_provider: &'static str,
 }
 
 /// The live rows of a batch: encoder memory and decoder state, batch-first.
+///
+/// Rows that join a running batch get a cache padded with zeros (masked) up to the batch's
+/// cache length. `joined_at[r]` is the cache length when row `r` joined: columns before the
+/// smallest `joined_at` are padding for every row, and are dropped when rows leave, so a
+/// batch that never empties under steady traffic does not grow its cache without bound.
 pub struct OrtRows {
-    rows: usize,
     /// Aligned with `Layout::memory`.
     memory: Vec<DynValue>,
     /// Aligned with `Layout::states`.
     state: Vec<DynValue>,
+    /// Length of the time axis of every state that has one.
+    cache_len: usize,
+    joined_at: Vec<usize>,
+}
+
+impl OrtRows {
+    fn rows(&self) -> usize {
+        self.joined_at.len()
+    }
 }
 
 fn ort_error<R>(context: &str) -> impl FnOnce(ort::Error<R>) -> BackendError + '_ {
@@ -449,16 +524,7 @@ impl OrtBackend {
         manifest: &Manifest,
         options: &SessionOptions,
     ) -> anyhow::Result<Self> {
-        let threads = options.intra_op_threads.max(1);
-        let configure = |e: ort::Error<_>| anyhow!("configuring ONNX Runtime sessions: {e}");
-        let mut builder = Session::builder(env)
-            .map_err(|e| anyhow!("creating an ONNX Runtime session builder: {e}"))?
-            .with_optimization_level(GraphOptimizationLevel::All)
-            .map_err(configure)?
-            .with_intra_threads(threads)
-            .map_err(configure)?
-            .with_inter_threads(1)
-            .map_err(configure)?;
+        let (mut builder, execution_provider) = session_builder(env, options)?;
         let mut open = |file: &str| -> anyhow::Result<Session> {
             let path = dir.join(file);
             builder
@@ -477,8 +543,8 @@ impl OrtBackend {
         )
         .with_context(|| format!("checking the model package in {}", dir.display()))?;
         tracing::info!(
-            intra_op_threads = threads,
-            execution_provider = "CPU",
+            intra_op_threads = options.intra_op_threads.max(1),
+            execution_provider,
             memory = ?layout.memory,
             states = ?layout.states.iter().map(|s| s.spec.name.as_str()).collect::<Vec<_>>(),
             "opened encoder and decoder"
@@ -488,7 +554,13 @@ impl OrtBackend {
             decoder,
             layout,
             pad_id: manifest.pad_id.into(),
+            execution_provider,
         })
+    }
+
+    /// "CUDA" or "CPU": what the sessions actually run on.
+    pub fn execution_provider(&self) -> &'static str {
+        self.execution_provider
     }
 
     pub fn layout(&self) -> &Layout {
@@ -546,9 +618,10 @@ impl Backend for OrtBackend {
             .collect::<Result<Vec<_>, _>>()
             .map_err(BackendError::Inference)?;
         Ok(OrtRows {
-            rows: batch,
             memory,
             state,
+            cache_len: 0,
+            joined_at: vec![0; batch],
         })
     }
 
@@ -558,7 +631,7 @@ impl Backend for OrtBackend {
         target_ids: &[i64],
         positions: &[i64],
     ) -> Result<Array2<f32>, BackendError> {
-        let n = rows.rows;
+        let n = rows.rows();
         if target_ids.len() != n || positions.len() != n {
             return Err(BackendError::Inference(format!(
                 "step got {} target ids and {} positions for {n} rows",
@@ -616,7 +689,31 @@ impl Backend for OrtBackend {
         }
         drop(outputs);
         rows.state = state;
+        rows.cache_len += 1;
         Ok(logits)
+    }
+
+    fn append(&mut self, rows: &mut OrtRows, new: OrtRows) -> Result<(), BackendError> {
+        if new.cache_len != 0 {
+            return Err(BackendError::Inference(
+                "only freshly encoded rows can join a batch".into(),
+            ));
+        }
+        let stack = |old: &[DynValue], new: &[DynValue]| {
+            old.iter()
+                .zip(new)
+                .map(|(a, b)| tensor::concat_rows(a, b))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(BackendError::Inference)
+        };
+        // Both stacks are built before either is stored: a failure leaves `rows` intact.
+        let memory = stack(&rows.memory, &new.memory)?;
+        let state = stack(&rows.state, &new.state)?;
+        rows.memory = memory;
+        rows.state = state;
+        let joined = rows.cache_len;
+        rows.joined_at.extend(new.joined_at.iter().map(|_| joined));
+        Ok(())
     }
 
     fn retain_rows(&mut self, rows: &mut OrtRows, keep: &[usize]) -> Result<(), BackendError> {
@@ -629,7 +726,23 @@ impl Backend for OrtBackend {
         };
         rows.memory = select(&rows.memory)?;
         rows.state = select(&rows.state)?;
-        rows.rows = keep.len();
+        rows.joined_at = keep.iter().map(|&r| rows.joined_at[r]).collect();
+        let unused = rows
+            .joined_at
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(rows.cache_len);
+        if unused > 0 {
+            for (slot, value) in self.layout.states.iter().zip(rows.state.iter_mut()) {
+                if let Some(axis) = slot.spec.time_axis() {
+                    *value = tensor::drop_leading(value, axis, unused)
+                        .map_err(BackendError::Inference)?;
+                }
+            }
+            rows.cache_len -= unused;
+            rows.joined_at.iter_mut().for_each(|j| *j -= unused);
+        }
         Ok(())
     }
 }

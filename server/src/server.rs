@@ -2,16 +2,22 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::EnvFilter;
 
 use crate::decode::SpecialIds;
-use crate::http::{app, AppState, Limits};
-use crate::onnx::{self, OrtBackend, SessionOptions};
+use crate::http::app;
+use crate::infer::{Infer, Model, RequestLimits};
+use crate::metrics::Metrics;
+use crate::onnx::{self, Device, OrtBackend, SessionOptions};
 use crate::package::{ModelPackage, TextCodec};
-use crate::worker::Translator;
+use crate::scheduler::{Batching, SchedulerConfig, Translator};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -19,60 +25,109 @@ pub enum LogFormat {
     Json,
 }
 
-/// English -> Spanish translation server: greedy decoding with a KV cache over ONNX Runtime.
+/// English -> Spanish translation server: greedy decoding with a KV cache over ONNX Runtime,
+/// continuous batching across requests, Prometheus metrics at /metrics.
+///
+/// Every flag can also be set by the environment variable named after it (`NMT_` + the flag
+/// in upper snake case, e.g. `NMT_PORT=9000`).
 #[derive(Clone, Debug, Parser)]
-#[command(name = "nmt-server", version, about)]
+#[command(name = "nmt-server", version, about, long_about)]
 pub struct Args {
     /// Model package directory (manifest.json, tokenizer.json, encoder.onnx, decoder.onnx).
-    #[arg(long, env, default_value = "models/en-es-transformer")]
+    #[arg(
+        long,
+        env = "NMT_MODEL_DIR",
+        default_value = "models/en-es-transformer"
+    )]
     pub model_dir: PathBuf,
 
-    /// Address to listen on.
-    #[arg(long, env, default_value = "127.0.0.1")]
+    /// Address to listen on (HTTP and gRPC).
+    #[arg(long, env = "NMT_HOST", default_value = "127.0.0.1")]
     pub host: String,
 
-    /// Port to listen on; 0 picks a free port (the real one is printed).
-    #[arg(long, env, default_value_t = 8080)]
+    /// HTTP port; 0 picks a free port. The bound address is printed on stdout as
+    /// `listening on http://ADDR`.
+    #[arg(long, env = "NMT_PORT", default_value_t = 8080)]
     pub port: u16,
+
+    /// gRPC port (service nmt.v1.Translator, proto/translate.proto); 0 picks a free port,
+    /// printed as `grpc listening on ADDR`.
+    #[arg(long, env = "NMT_GRPC_PORT", default_value_t = 50051)]
+    pub grpc_port: u16,
+
+    /// Where the graphs run: `auto` takes CUDA when the ONNX Runtime library has it and a
+    /// GPU answers, `cuda` insists (falling back to CPU with a warning), `cpu` never tries.
+    /// The log says which one is in use.
+    #[arg(long, env = "NMT_DEVICE", value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
 
     /// Threads one ONNX Runtime operator may use. On a 2-core machine 1 was measured
     /// fastest: waking threads costs more than the work of one decoder step.
-    #[arg(long, env, default_value_t = 1)]
+    #[arg(long, env = "NMT_INTRA_OP_THREADS", default_value_t = 1)]
     pub intra_op_threads: usize,
 
+    /// `continuous`: requests join the running decoder batch between steps.
+    /// `off`: one request at a time (the baseline for benchmarks).
+    #[arg(long, env = "NMT_BATCHING", value_enum, default_value_t = Batching::Continuous)]
+    pub batching: Batching,
+
+    /// Most texts decoded together in the running batch.
+    #[arg(long, env = "NMT_MAX_BATCH_SIZE", default_value_t = 64)]
+    pub max_batch_size: usize,
+
+    /// Most tokens in the running batch, counting each text's source and output budget: bounds
+    /// the memory of the caches.
+    #[arg(long, env = "NMT_MAX_BATCH_TOKENS", default_value_t = 16384)]
+    pub max_batch_tokens: usize,
+
+    /// Requests that may wait to join the batch; more get 429 with Retry-After.
+    #[arg(long, env = "NMT_MAX_QUEUED_REQUESTS", default_value_t = 256)]
+    pub max_queued_requests: usize,
+
+    /// Seconds from a request's arrival to its answer; later gives 504 and the request's
+    /// texts leave the batch.
+    #[arg(long, env = "NMT_REQUEST_TIMEOUT", default_value_t = 30.0)]
+    pub request_timeout: f64,
+
     /// Most texts in one request (413 above).
-    #[arg(long, env, default_value_t = 64)]
+    #[arg(long, env = "NMT_MAX_TEXTS_PER_REQUEST", default_value_t = 64)]
     pub max_texts_per_request: usize,
 
-    /// Most subword tokens in one text (413 above). Lowered to the model's own limit when
-    /// the manifest has one.
-    #[arg(long, env, default_value_t = 256)]
+    /// Most subword tokens in one text (413 above). A model with absolute positions may
+    /// declare a lower limit of its own, which wins.
+    #[arg(long, env = "NMT_MAX_INPUT_TOKENS", default_value_t = 256)]
     pub max_input_tokens: usize,
 
+    /// Most subword tokens generated for one text (also caps `target_length`); the model's
+    /// own `max_target_tokens` wins when lower.
+    #[arg(long, env = "NMT_MAX_OUTPUT_TOKENS", default_value_t = 256)]
+    pub max_output_tokens: usize,
+
     /// Largest request body in bytes (413 above).
-    #[arg(long, env, default_value_t = 1 << 20)]
+    #[arg(long, env = "NMT_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
 
-    /// Output length bound: at most `ratio * source_tokens + offset` tokens per text (and
-    /// never more than the manifest's `max_target_tokens`).
-    #[arg(long, env, default_value_t = 2.0)]
+    /// Without a target length, a text stops after `ratio * source_tokens + offset` tokens.
+    #[arg(long, env = "NMT_MAX_LENGTH_RATIO", default_value_t = 2.0)]
     pub max_length_ratio: f64,
 
     /// See `--max-length-ratio`.
-    #[arg(long, env, default_value_t = 10)]
+    #[arg(long, env = "NMT_MAX_LENGTH_OFFSET", default_value_t = 10)]
     pub max_length_offset: usize,
 
-    /// Requests that may wait for the model; more get 429.
-    #[arg(long, env, default_value_t = 256)]
-    pub queue_capacity: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C; then the server
+    /// exits anyway.
+    #[arg(long, env = "NMT_SHUTDOWN_GRACE", default_value_t = 30.0)]
+    pub shutdown_grace: f64,
 
     /// ONNX Runtime shared library (libonnxruntime.so). `source scripts/env.sh` sets it
     /// from the onnxruntime PyPI wheel.
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_dylib_path: Option<PathBuf>,
 
-    /// Log format on stderr (stdout carries only the `listening on` line).
-    #[arg(long, env, value_enum, default_value_t = LogFormat::Text)]
+    /// Log format on stderr (stdout carries only the `listening on` lines). `RUST_LOG`
+    /// sets the levels (default `info`).
+    #[arg(long, env = "NMT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
 
@@ -83,25 +138,36 @@ impl Args {
         args.model_dir = model_dir.into();
         args
     }
+
+    fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
+        Duration::try_from_secs_f64(value)
+            .map_err(|_| anyhow::anyhow!("--{flag} must be a non-negative number of seconds"))
+    }
 }
 
-/// Logs to stderr; `RUST_LOG` overrides the default `info` level.
+/// Logs to stderr, with the spans (request id, and queue/encode/decode timings when they
+/// close) on every line.
 pub fn init_tracing(format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,ort=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_span_events(FmtSpan::CLOSE)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
     };
 }
 
-/// Loads ONNX Runtime and the model package, starts the model worker and returns the
-/// state the router needs. Blocking (reads and optimises the graphs).
-pub fn load(args: &Args) -> anyhow::Result<AppState> {
+/// Loads ONNX Runtime and the model package and starts the model worker. The service is
+/// not ready until [`Infer::warm_up`]. Blocking (reads and optimises the graphs).
+pub fn load(args: &Args) -> anyhow::Result<Infer> {
     let env = onnx::environment(args.ort_dylib_path.as_deref())?;
     let package = ModelPackage::load(&args.model_dir)?;
     let manifest = &package.manifest;
@@ -111,75 +177,128 @@ pub fn load(args: &Args) -> anyhow::Result<AppState> {
         manifest,
         &SessionOptions {
             intra_op_threads: args.intra_op_threads,
+            device: args.device,
         },
     )?;
-    let mut max_input_tokens = args.max_input_tokens;
-    if let Some(model_max) = manifest.limits.max_source_tokens {
-        // The model's limit counts EOS; the request limit does not.
-        let model_max = model_max.saturating_sub(1);
-        if model_max < max_input_tokens {
-            tracing::info!(
-                requested = max_input_tokens,
-                model_max,
-                "max input tokens lowered to the model's limit"
-            );
-            max_input_tokens = model_max;
-        }
-    }
-    let limits = Limits {
-        max_texts_per_request: args.max_texts_per_request,
-        max_input_tokens,
-        max_body_bytes: args.max_body_bytes,
-        max_length_ratio: args.max_length_ratio,
-        max_length_offset: args.max_length_offset,
-        max_target_tokens: manifest.limits.max_target_tokens,
+    let execution_provider = backend.execution_provider();
+    let metrics = Arc::new(Metrics::new());
+    let scheduler = SchedulerConfig {
+        batching: args.batching,
+        max_batch_size: args.max_batch_size.max(1),
+        max_batch_tokens: args.max_batch_tokens.max(1),
+        max_queued_requests: args.max_queued_requests.max(1),
     };
     let special = SpecialIds {
         bos: manifest.bos_id,
         eos: manifest.eos_id,
     };
-    let (translator, _worker) = Translator::spawn(backend, special, args.queue_capacity)
-        .context("starting the model worker thread")?;
+    let (translator, _worker) = Translator::spawn(
+        backend,
+        special,
+        scheduler.clone(),
+        metrics.worker(&manifest.name),
+    )
+    .context("starting the model worker thread")?;
     tracing::info!(
         model = %manifest.name,
         preset = %manifest.config.preset,
         source_language = %manifest.source_language,
         target_language = %manifest.target_language,
         dir = %package.dir.display(),
-        execution_provider = "CPU",
+        execution_provider,
+        batching = ?scheduler.batching,
+        max_batch_size = scheduler.max_batch_size,
         "model loaded"
     );
-    Ok(AppState::new(
-        manifest.name.clone(),
-        manifest.eos_id,
-        TextCodec::new(package.tokenizer),
+    let model = Model {
+        name: manifest.name.clone(),
+        preset: manifest.config.preset.clone(),
+        source_language: manifest.source_language.clone(),
+        target_language: manifest.target_language.clone(),
+        codec: TextCodec::new(package.tokenizer),
         translator,
-        limits,
-    ))
+        eos_id: manifest.eos_id,
+        // The manifest's limit counts EOS; the request limit does not.
+        max_source_tokens: manifest
+            .limits
+            .max_source_tokens
+            .map(|m| m.saturating_sub(1)),
+        max_target_tokens: manifest.limits.max_target_tokens,
+    };
+    let limits = RequestLimits {
+        max_texts_per_request: args.max_texts_per_request,
+        max_input_tokens: args.max_input_tokens,
+        max_output_tokens: args.max_output_tokens,
+        max_body_bytes: args.max_body_bytes,
+        max_length_ratio: args.max_length_ratio,
+        max_length_offset: args.max_length_offset,
+        request_timeout: Args::seconds(args.request_timeout, "request-timeout")?,
+    };
+    let name = model.name.clone();
+    Infer::new(vec![model], &name, limits, metrics)
 }
 
-/// Loads the model, binds, prints `listening on http://ADDR` on stdout and serves until
-/// Ctrl-C or SIGTERM.
+/// Loads the model, binds, prints `listening on http://ADDR` then `grpc listening on ADDR`
+/// on stdout, warms up (the server answers `/health` meanwhile and `/ready` once done) and
+/// serves HTTP and gRPC until Ctrl-C or SIGTERM. Then both stop accepting connections, let
+/// in-flight requests finish within `--shutdown-grace` seconds, and it returns.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let grace = Args::seconds(args.shutdown_grace, "shutdown-grace")?;
     let load_args = args.clone();
-    let state = tokio::task::spawn_blocking(move || load(&load_args))
+    let infer = tokio::task::spawn_blocking(move || load(&load_args))
         .await
         .context("model loading thread")??;
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr: SocketAddr = listener.local_addr()?;
-    tracing::info!(%addr, "listening");
+    let grpc_listener = tokio::net::TcpListener::bind((args.host.as_str(), args.grpc_port))
+        .await
+        .with_context(|| format!("binding {}:{} for gRPC", args.host, args.grpc_port))?;
+    let grpc_addr: SocketAddr = grpc_listener.local_addr()?;
+    tracing::info!(%addr, %grpc_addr, "listening");
     {
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "listening on http://{addr}")?;
+        writeln!(stdout, "grpc listening on {grpc_addr}")?;
         stdout.flush()?;
     }
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving HTTP")?;
+
+    let warm = infer.clone();
+    tokio::spawn(async move {
+        if let Err(e) = warm.warm_up().await {
+            tracing::error!("warm-up translation failed; the server stays unready: {e}");
+        }
+    });
+
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    let draining = infer.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        // Load balancers stop sending work as soon as readiness fails.
+        draining.set_ready(false);
+        on_signal.cancel();
+    });
+
+    let http = axum::serve(listener, app(infer.clone()))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let grpc = crate::grpc::serve(infer, grpc_listener, shutdown.clone().cancelled_owned());
+    // Both drain on the same signal; `run` returns when both are done (or one failed).
+    let server =
+        async { tokio::try_join!(async { http.await.context("serving HTTP") }, grpc).map(|_| ()) };
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = server => served?,
+        _ = deadline => tracing::warn!(
+            grace_seconds = grace.as_secs_f64(),
+            "requests still in flight after the grace period; exiting anyway"
+        ),
+    }
     tracing::info!("shut down");
     Ok(())
 }

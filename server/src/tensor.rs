@@ -1,7 +1,8 @@
-//! Batch-axis operations on the opaque memory and state tensors: first-step zero state and
-//! row selection. Any element type is handled the same way, so a state can be f32 (KV
+//! Batch-axis operations on the opaque memory and state tensors: first-step zero state, row
+//! selection, stacking rows that join a running batch, and trimming unused cache columns. Any element type is handled the same way, so a state can be f32 (KV
 //! caches), i64 or bool (masks) without the server knowing what it means.
 
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
 use ort::value::{DynValue, PrimitiveTensorElementType, Tensor, TensorElementType};
 
 /// Element types the server can create and slice.
@@ -37,10 +38,33 @@ pub fn gather_rows<T: Clone>(
     Some((new_dims, out))
 }
 
-fn select_typed<T>(value: &DynValue, keep: &[usize]) -> Result<DynValue, String>
-where
-    T: PrimitiveTensorElementType + Clone + std::fmt::Debug + 'static,
-{
+/// Runs `$f::<T>($args)` for the Rust type `T` of a runtime element type.
+macro_rules! for_element_type {
+    ($ty:expr, $f:ident($($arg:expr),*)) => {
+        match $ty {
+            Some(TensorElementType::Float32) => $f::<f32>($($arg),*),
+            Some(TensorElementType::Float64) => $f::<f64>($($arg),*),
+            Some(TensorElementType::Int64) => $f::<i64>($($arg),*),
+            Some(TensorElementType::Int32) => $f::<i32>($($arg),*),
+            Some(TensorElementType::Int8) => $f::<i8>($($arg),*),
+            Some(TensorElementType::Uint8) => $f::<u8>($($arg),*),
+            Some(TensorElementType::Bool) => $f::<bool>($($arg),*),
+            other => Err(format!("unsupported tensor element type {other:?}")),
+        }
+    };
+}
+
+/// What every element type the server handles can do.
+trait Element: PrimitiveTensorElementType + Clone + Default + std::fmt::Debug + 'static {}
+impl<T: PrimitiveTensorElementType + Clone + Default + std::fmt::Debug + 'static> Element for T {}
+
+fn to_value<T: Element>(array: ArrayD<T>) -> Result<DynValue, String> {
+    Tensor::from_array(array)
+        .map(|t| t.into_dyn())
+        .map_err(|e| e.to_string())
+}
+
+fn select_typed<T: Element>(value: &DynValue, keep: &[usize]) -> Result<DynValue, String> {
     let (shape, data) = value.try_extract_tensor::<T>().map_err(|e| e.to_string())?;
     let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
     let (new_dims, out) = gather_rows(data, &dims, keep)
@@ -52,40 +76,95 @@ where
 
 /// Rows `keep` of a batch-first tensor, as a new tensor.
 pub fn select_rows(value: &DynValue, keep: &[usize]) -> Result<DynValue, String> {
-    match value.dtype().tensor_type() {
-        Some(TensorElementType::Float32) => select_typed::<f32>(value, keep),
-        Some(TensorElementType::Float64) => select_typed::<f64>(value, keep),
-        Some(TensorElementType::Int64) => select_typed::<i64>(value, keep),
-        Some(TensorElementType::Int32) => select_typed::<i32>(value, keep),
-        Some(TensorElementType::Int8) => select_typed::<i8>(value, keep),
-        Some(TensorElementType::Uint8) => select_typed::<u8>(value, keep),
-        Some(TensorElementType::Bool) => select_typed::<bool>(value, keep),
-        other => Err(format!("cannot select rows of a {other:?} value")),
-    }
+    for_element_type!(value.dtype().tensor_type(), select_typed(value, keep))
 }
 
-fn zeros_typed<T>(shape: &[usize]) -> Result<DynValue, String>
-where
-    T: PrimitiveTensorElementType + Clone + Default + std::fmt::Debug + 'static,
-{
-    let len = shape.iter().product();
-    Tensor::from_array((shape.to_vec(), vec![T::default(); len]))
-        .map(|t| t.into_dyn())
-        .map_err(|e| e.to_string())
+fn zeros_typed<T: Element>(shape: &[usize]) -> Result<DynValue, String> {
+    to_value(ArrayD::<T>::default(IxDyn(shape)))
 }
 
 /// A zero-filled tensor (possibly with a 0-sized axis: the first step's empty KV cache).
 pub fn zeros(ty: TensorElementType, shape: &[usize]) -> Result<DynValue, String> {
-    match ty {
-        TensorElementType::Float32 => zeros_typed::<f32>(shape),
-        TensorElementType::Float64 => zeros_typed::<f64>(shape),
-        TensorElementType::Int64 => zeros_typed::<i64>(shape),
-        TensorElementType::Int32 => zeros_typed::<i32>(shape),
-        TensorElementType::Int8 => zeros_typed::<i8>(shape),
-        TensorElementType::Uint8 => zeros_typed::<u8>(shape),
-        TensorElementType::Bool => zeros_typed::<bool>(shape),
-        other => Err(format!("cannot create a {other:?} tensor")),
+    for_element_type!(Some(ty), zeros_typed(shape))
+}
+
+/// `first` and `second` stacked along axis 0, each zero-padded at the end of every other
+/// axis to the larger of the two sizes. Zero padding is "absent" under the decoder-step
+/// contract (a 0 in a mask), which is what lets rows of different source lengths and cache
+/// lengths share a batch.
+pub fn pad_and_stack<T: Clone + Default>(
+    first: &ArrayViewD<'_, T>,
+    second: &ArrayViewD<'_, T>,
+) -> ArrayD<T> {
+    let shape: Vec<usize> = (0..first.ndim())
+        .map(|axis| {
+            if axis == 0 {
+                first.shape()[0] + second.shape()[0]
+            } else {
+                first.shape()[axis].max(second.shape()[axis])
+            }
+        })
+        .collect();
+    let mut out = ArrayD::<T>::default(IxDyn(&shape));
+    let rows = first.shape()[0];
+    for (part, offset) in [(first, 0), (second, rows)] {
+        out.slice_each_axis_mut(|ax| {
+            let axis = ax.axis.index();
+            if axis == 0 {
+                Slice::from(offset..offset + part.shape()[0])
+            } else {
+                Slice::from(0..part.shape()[axis])
+            }
+        })
+        .assign(part);
     }
+    out
+}
+
+fn concat_typed<T: Element>(first: &DynValue, second: &DynValue) -> Result<DynValue, String> {
+    let a = first.try_extract_array::<T>().map_err(|e| e.to_string())?;
+    let b = second.try_extract_array::<T>().map_err(|e| e.to_string())?;
+    if a.ndim() != b.ndim() || a.ndim() == 0 {
+        return Err(format!(
+            "cannot stack tensors of shapes {:?} and {:?}",
+            a.shape(),
+            b.shape()
+        ));
+    }
+    to_value(pad_and_stack(&a, &b))
+}
+
+/// The rows of `first` followed by the rows of `second`, zero-padded to a common shape (see
+/// [`pad_and_stack`]).
+pub fn concat_rows(first: &DynValue, second: &DynValue) -> Result<DynValue, String> {
+    let (ta, tb) = (first.dtype().tensor_type(), second.dtype().tensor_type());
+    if ta != tb {
+        return Err(format!("cannot stack a {ta:?} tensor onto a {tb:?} tensor"));
+    }
+    for_element_type!(ta, concat_typed(first, second))
+}
+
+fn drop_leading_typed<T: Element>(
+    value: &DynValue,
+    axis: usize,
+    count: usize,
+) -> Result<DynValue, String> {
+    let a = value.try_extract_array::<T>().map_err(|e| e.to_string())?;
+    if axis >= a.ndim() || count > a.shape()[axis] {
+        return Err(format!(
+            "cannot drop {count} leading entries of axis {axis} from shape {:?}",
+            a.shape()
+        ));
+    }
+    to_value(a.slice_axis(Axis(axis), Slice::from(count..)).to_owned())
+}
+
+/// `value` without the first `count` entries of `axis` (cache columns no live row uses).
+pub fn drop_leading(value: &DynValue, axis: usize, count: usize) -> Result<DynValue, String> {
+    for_element_type!(
+        value.dtype().tensor_type(),
+        drop_leading_typed(value, axis, count)
+    )
 }
 
 #[cfg(test)]
@@ -108,6 +187,23 @@ mod tests {
         let (dims, out) = gather_rows(&data, &[3, 2, 0, 4], &[1]).unwrap();
         assert_eq!(dims, vec![1, 2, 0, 4]);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn stacking_pads_every_other_axis_at_the_end() {
+        // A running row with a 3-column cache and a new row with none; sources of 1 and 2.
+        let old = ndarray::arr2(&[[1.0f32, 1.0, 1.0]]).into_dyn();
+        let new = ArrayD::<f32>::zeros(IxDyn(&[2, 0]));
+        let out = pad_and_stack(&old.view(), &new.view());
+        assert_eq!(out.shape(), &[3, 3]);
+        assert_eq!(
+            out.as_slice().unwrap(),
+            &[1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+        );
+        let short = ndarray::arr2(&[[7i64]]).into_dyn();
+        let long = ndarray::arr2(&[[8i64, 9]]).into_dyn();
+        let out = pad_and_stack(&short.view(), &long.view());
+        assert_eq!(out, ndarray::arr2(&[[7i64, 0], [8, 9]]).into_dyn());
     }
 
     #[test]

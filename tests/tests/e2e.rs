@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
@@ -46,9 +47,11 @@ impl Drop for Server {
     }
 }
 
-fn start_server(package: &Path) -> Server {
+fn start_server(package: &Path, extra: &[&str]) -> Server {
     let mut child = Command::new(binary("nmt-server"))
         .args(["--model-dir", package.to_str().unwrap(), "--port", "0"])
+        .args(["--grpc-port", "0"])
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()
         .expect("starting nmt-server");
@@ -65,6 +68,27 @@ fn start_server(package: &Path) -> Server {
         .recv_timeout(Duration::from_secs(120))
         .expect("nmt-server did not print `listening on ...` within 120 s");
     Server { child, url }
+}
+
+/// Polls `/ready` until the server has warmed up; `/health` answers before that.
+async fn wait_until_ready(client: &reqwest::Client, server: &Server) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let response = client
+            .get(format!("{}/ready", server.url))
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 200 {
+            return;
+        }
+        assert_eq!(response.status(), 503, "/ready answers 200 or 503");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// `POST /translate` with a JSON body.
@@ -165,11 +189,43 @@ fn reference_translation(
     nmt_train::tokenizer::decode_ids(tokenizer, &out[0]).unwrap()
 }
 
+/// One tiny model package for every test of this binary, built on first use.
+fn shared_package() -> &'static Path {
+    static WORK: OnceLock<PathBuf> = OnceLock::new();
+    WORK.get_or_init(|| {
+        let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-package");
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&work).unwrap();
+        build_package(&work);
+        work
+    })
+}
+
+/// The sum of a metric's samples over all label sets, from Prometheus text.
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn scrape(client: &reqwest::Client, server: &Server) -> String {
+    client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn translates_over_http_like_the_training_forward_pass() {
-    let work = tempfile::tempdir().unwrap();
-    let package = build_package(work.path());
-    let server = start_server(&package);
+    let work = shared_package();
+    let package = work.join("package");
+    let server = start_server(&package, &[]);
     let client = reqwest::Client::new();
 
     let health = client
@@ -178,8 +234,9 @@ async fn translates_over_http_like_the_training_forward_pass() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
+    wait_until_ready(&client, &server).await;
 
-    let checkpoint = work.path().join("run").join("best");
+    let checkpoint = work.join("run").join("best");
     let model = nmt_train::checkpoint::load_model(&checkpoint, &Device::Cpu).unwrap();
     let tokenizer =
         nmt_train::tokenizer::load(&package.join(model_package::files::TOKENIZER)).unwrap();
@@ -195,7 +252,7 @@ async fn translates_over_http_like_the_training_forward_pass() {
             .len()
     };
 
-    let test = nmt_train::corpus::read_parallel(&work.path().join("corpus"), "test").unwrap();
+    let test = nmt_train::corpus::read_parallel(&work.join("corpus"), "test").unwrap();
     let sources: Vec<&str> = test
         .iter()
         .map(|(en, _)| en.as_str())
@@ -259,4 +316,269 @@ async fn translates_over_http_like_the_training_forward_pass() {
         assert_eq!(error["error_type"], error_type, "for {body}: {error}");
         assert!(error["error"].as_str().is_some_and(|m| !m.is_empty()));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
+    let package = shared_package().join("package");
+    // Two rows at a time, so the work below queues and takes a while.
+    let mut server = start_server(
+        &package,
+        &["--max-batch-size", "2", "--shutdown-grace", "60"],
+    );
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+
+    // 8 requests of 4 texts, each held to 60 tokens: 16 rounds of 60 steps.
+    let body = json!({
+        "text": ["And Ruth said,", "Jonah prayed.", "The sea grew calm.", "Naomi wept."],
+        "target_length": 60,
+    });
+    let requests: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, url, body) = (client.clone(), server.url.clone(), body.clone());
+            tokio::spawn(async move {
+                let response = client
+                    .post(format!("{url}/translate"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("a request in flight is answered");
+                let status = response.status();
+                (status, response.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    // Every request has reached the server (its texts were tokenized) and some are not
+    // done yet.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = scrape(&client, &server).await;
+        let validated = metric_sum(&metrics, "nmt_input_length_tokens_count");
+        let answered = metric_sum(&metrics, "nmt_request_duration_seconds_count");
+        if validated >= 32.0 + 1.0 {
+            // (+1: the warm-up translation.)
+            assert!(
+                answered < 9.0,
+                "all requests finished before SIGTERM: {answered}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "requests did not arrive"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    run(Command::new("kill").args(["-TERM", &server.child.id().to_string()]));
+
+    for request in requests {
+        let (status, json) = request.await.unwrap();
+        assert_eq!(status, 200, "{json}");
+        for translation in json["translations"].as_array().unwrap() {
+            assert_eq!(translation["output_tokens"], 60, "{json}");
+        }
+    }
+    let exit = tokio::task::spawn_blocking(move || {
+        let status = server.child.wait().unwrap();
+        (server, status)
+    });
+    let (server, status) = tokio::time::timeout(Duration::from_secs(60), exit)
+        .await
+        .expect("the server exits after draining")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    let after = client.get(format!("{}/health", server.url)).send().await;
+    assert!(after.is_err(), "the port still answers after exit");
+}
+
+/// A free loopback port (bound, then released for a program that cannot take port 0).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running Prometheus, killed on drop.
+struct Prometheus {
+    child: Child,
+    url: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_prometheus(target: &str) -> Prometheus {
+    let data = tempfile::tempdir().unwrap();
+    let config = data.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: nmt\n    \
+             static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            data.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting prometheus (scripts/setup.sh installs it)");
+    Prometheus {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        _data: data,
+    }
+}
+
+/// Polls a PromQL query until it returns a non-empty vector.
+async fn query_until_present(
+    client: &reqwest::Client,
+    prometheus: &Prometheus,
+    promql: &str,
+) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = client
+            .get(format!("{}/api/v1/query", prometheus.url))
+            .query(&[("query", promql)])
+            .send()
+            .await;
+        if let Ok(answer) = answer {
+            let json: Value = answer.json().await.unwrap_or(Value::Null);
+            if let Some(result) = json["data"]["result"].as_array() {
+                if !result.is_empty() {
+                    return result.clone();
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Prometheus never returned {promql}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_latency_by_input_length() {
+    let package = shared_package().join("package");
+    let server = start_server(&package, &[]);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+
+    // Short and long texts land in different input-length buckets; one bad request.
+    let short = json!({"text": ["Jonah prayed.", "Ruth wept."]});
+    let long = json!({"text": "And it happened in the days when the judges judged, that there was a famine in the land."});
+    // The warm-up translation ("In the beginning.", a few pieces) counts as one request.
+    let mut expected = std::collections::BTreeMap::from([("1-16".to_string(), 1.0)]);
+    for body in [&short, &long, &short] {
+        let response = post_translate(&client, &server, body).await;
+        assert_eq!(response.status(), 200);
+        let json: Value = response.json().await.unwrap();
+        let longest = json["translations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["source_tokens"].as_u64().unwrap())
+            .max()
+            .unwrap();
+        let bucket = match longest {
+            0..=16 => "1-16",
+            17..=32 => "17-32",
+            33..=64 => "33-64",
+            65..=128 => "65-128",
+            _ => "129+",
+        };
+        *expected.entry(bucket.to_string()).or_default() += 1.0;
+    }
+    let response = post_translate(&client, &server, &json!({"text": []})).await;
+    assert_eq!(response.status(), 422);
+
+    // The exposition passes Prometheus' own linter (naming conventions, units, types).
+    let metrics = scrape(&client, &server).await;
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (scripts/setup.sh installs it)");
+    use std::io::Write;
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let lint = lint.wait_with_output().unwrap();
+    assert!(
+        lint.status.success(),
+        "promtool check metrics:\n{}{}",
+        String::from_utf8_lossy(&lint.stdout),
+        String::from_utf8_lossy(&lint.stderr)
+    );
+
+    // The shipped recording rules and alerts (deploy/) are valid.
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/rules.yml");
+    run(Command::new("promtool")
+        .arg("check")
+        .arg("rules")
+        .arg(&rules));
+
+    // A real Prometheus scrapes the server and answers queries by input-length bucket.
+    let target = server.url.trim_start_matches("http://").to_string();
+    let prometheus = start_prometheus(&target);
+    let by_bucket = query_until_present(
+        &client,
+        &prometheus,
+        "sum by (input_length) (nmt_request_duration_seconds_count{job=\"nmt\"})",
+    )
+    .await;
+    let counts: std::collections::BTreeMap<String, f64> = by_bucket
+        .iter()
+        .map(|sample| {
+            let bucket = sample["metric"]["input_length"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let value = sample["value"][1].as_str().unwrap().parse().unwrap();
+            (bucket, value)
+        })
+        .collect();
+    println!("requests by input length, as Prometheus sees them: {counts:?}");
+    assert_eq!(counts, expected);
+    assert_eq!(
+        counts.len(),
+        2,
+        "the long text lands in a bucket of its own"
+    );
+    let errors = query_until_present(
+        &client,
+        &prometheus,
+        "nmt_errors_total{job=\"nmt\",type=\"empty_text\"}",
+    )
+    .await;
+    assert_eq!(errors[0]["value"][1], "1");
+    let p50 = query_until_present(
+        &client,
+        &prometheus,
+        "histogram_quantile(0.5, sum by (le) (nmt_time_per_output_token_seconds_bucket{job=\"nmt\"}))",
+    )
+    .await;
+    let p50: f64 = p50[0]["value"][1].as_str().unwrap().parse().unwrap();
+    assert!(p50 > 0.0 && p50 < 1.0, "median time per token {p50} s");
 }

@@ -1,0 +1,487 @@
+//! `nmt-bench`: throughput and latency of `nmt-server` by concurrency, for each batching mode.
+//!
+//! For every mode in `--modes` it starts the server binary as a child process
+//! (`--model-dir DIR --port 0 --batching MODE`, plus `--server-arg`s), waits for its
+//! `listening on http://ADDR` line and for `GET /ready` (or `/health`) to answer 200, then for
+//! every concurrency level in `--clients` runs closed-loop clients that POST one test verse per
+//! request to `/translate` for `--warmup-seconds` (not measured) plus `--seconds`. It reports
+//! requests, errors, target tokens/s, requests/s and p50/p90/p99 latency per (mode, clients) as
+//! a markdown table on stdout, and optionally as markdown and JSON files.
+//!
+//! This is a benchmark to run by hand on an otherwise idle machine, not a test.
+
+mod load;
+mod report;
+mod server;
+mod stats;
+mod verses;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use clap::Parser;
+
+use crate::load::{cell_bar, run_cell, Cell};
+use crate::report::{ModeArgs, Report};
+use crate::server::{server_args, wait_ready, Server};
+
+/// Concurrency benchmark of nmt-server: for each batching mode, starts the server and drives it
+/// with closed-loop HTTP clients at each concurrency level; prints target tokens/s, requests/s
+/// and latency percentiles as a markdown table.
+///
+/// Run it from the workspace root on an otherwise idle machine, after
+/// `source scripts/env.sh` (the server needs ORT_DYLIB_PATH) and
+/// `cargo build --release -p nmt-server -p nmt-bench`. Extra server flags go in `--server-arg`
+/// (repeatable) or after `--`.
+#[derive(Debug, Parser)]
+#[command(name = "nmt-bench", version, about, long_about)]
+struct Args {
+    /// English inputs, one request each: a `.tsv` file with a header line is read by its `en`
+    /// column (e.g. data/corpus/test-concat.tsv, the long-input set), any other file one text
+    /// per line. The default is the test split written by
+    /// `nmt-train corpus --out data/corpus` (books Daniel and Philippians).
+    #[arg(long, env = "NMT_BENCH_VERSES", default_value = "data/corpus/test.en")]
+    verses: PathBuf,
+
+    /// Server batching modes to compare, comma-separated; each is passed as
+    /// `--batching MODE`. The mode `default` passes no `--batching` flag at all (the server's
+    /// own default, and what works with a server that has no such flag).
+    #[arg(
+        long,
+        env = "NMT_BENCH_MODES",
+        value_delimiter = ',',
+        default_value = "continuous,off"
+    )]
+    modes: Vec<String>,
+
+    /// The mode the others' throughput is divided by in the ratio table (skipped when it is not
+    /// among `--modes`).
+    #[arg(long, env = "NMT_BENCH_BASELINE_MODE", default_value = "off")]
+    baseline_mode: String,
+
+    /// Concurrency levels: closed-loop clients, each sending its next request as soon as the
+    /// previous one has come back. Comma-separated.
+    #[arg(
+        long,
+        env = "NMT_BENCH_CLIENTS",
+        value_delimiter = ',',
+        default_value = "1,4,16,64"
+    )]
+    clients: Vec<usize>,
+
+    /// Measured seconds per (mode, clients) cell.
+    #[arg(long, env = "NMT_BENCH_SECONDS", default_value_t = 20.0)]
+    seconds: f64,
+
+    /// Seconds of load before each cell's measured window (not measured).
+    #[arg(long, env = "NMT_BENCH_WARMUP_SECONDS", default_value_t = 3.0)]
+    warmup_seconds: f64,
+
+    /// The server executable.
+    #[arg(
+        long,
+        env = "NMT_BENCH_SERVER_BIN",
+        default_value = "target/release/nmt-server"
+    )]
+    server_bin: PathBuf,
+
+    /// Model package the server loads (`--model-dir` of nmt-server).
+    #[arg(
+        long,
+        env = "NMT_BENCH_MODEL_DIR",
+        default_value = "models/en-es-transformer"
+    )]
+    model_dir: PathBuf,
+
+    /// One extra argument for the server, after the ones the bench sets; repeat it for more,
+    /// e.g. `--server-arg=--intra-op-threads --server-arg=1`. Arguments after a bare `--` are
+    /// passed too.
+    #[arg(
+        long = "server-arg",
+        env = "NMT_BENCH_SERVER_ARG",
+        allow_hyphen_values = true,
+        value_name = "ARG"
+    )]
+    server_arg: Vec<String>,
+
+    /// More extra server arguments (after `--`).
+    #[arg(last = true, value_name = "SERVER_ARGS")]
+    server_args_trailing: Vec<String>,
+
+    /// Seconds to wait for the server to print `listening on` and then to answer 200 on
+    /// `/ready` (it answers 503 until its warm-up translation is done).
+    #[arg(
+        long,
+        env = "NMT_BENCH_STARTUP_TIMEOUT_SECONDS",
+        default_value_t = 180.0
+    )]
+    startup_timeout_seconds: f64,
+
+    /// Per-request timeout in seconds; a request that takes longer counts as an error
+    /// (`timeout`).
+    #[arg(
+        long,
+        env = "NMT_BENCH_REQUEST_TIMEOUT_SECONDS",
+        default_value_t = 120.0
+    )]
+    request_timeout_seconds: f64,
+
+    /// Worker threads of the clients' async runtime. The clients share the machine with the
+    /// server: one thread is plenty for 64 loopback clients and takes the least CPU from it.
+    #[arg(long, env = "NMT_BENCH_CLIENT_THREADS", default_value_t = 1)]
+    client_threads: usize,
+
+    /// Directory for the servers' logs (their stderr), one file per mode:
+    /// `nmt-bench-server-MODE.log`. Default: the system temp directory.
+    #[arg(long, env = "NMT_BENCH_SERVER_LOG_DIR")]
+    server_log_dir: Option<PathBuf>,
+
+    /// Also write the results as JSON here (every cell's numbers, errors by kind, ratios, and
+    /// how the run was made).
+    #[arg(long, env = "NMT_BENCH_OUT_JSON")]
+    out_json: Option<PathBuf>,
+
+    /// Also write a markdown report here: date, command line, server arguments, nproc, the
+    /// table, and the throughput ratio of each mode over `--baseline-mode` per concurrency.
+    #[arg(long, env = "NMT_BENCH_OUT_MD")]
+    out_md: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("nmt-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn secs(s: f64, what: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(s).with_context(|| format!("{what}: bad number of seconds {s}"))
+}
+
+/// Runs the benchmark; `Ok(false)` when some mode could not be measured (the report of the
+/// others is still written).
+fn run(args: Args) -> Result<bool> {
+    ensure!(!args.modes.is_empty(), "--modes is empty");
+    ensure!(
+        args.modes.iter().all(|m| !m.trim().is_empty()),
+        "--modes has an empty name"
+    );
+    ensure!(
+        !args.clients.is_empty() && args.clients.iter().all(|&c| c > 0),
+        "--clients must be positive numbers"
+    );
+    ensure!(args.seconds > 0.0, "--seconds must be positive");
+    ensure!(args.client_threads > 0, "--client-threads must be positive");
+    let measure = secs(args.seconds, "--seconds")?;
+    let warmup = secs(args.warmup_seconds, "--warmup-seconds")?;
+    let startup_timeout = secs(args.startup_timeout_seconds, "--startup-timeout-seconds")?;
+    let request_timeout = secs(args.request_timeout_seconds, "--request-timeout-seconds")?;
+
+    let verses = verses::load(&args.verses)?;
+    let bodies: Arc<Vec<String>> = Arc::new(
+        verses
+            .iter()
+            .map(|v| serde_json::json!({ "text": v }).to_string())
+            .collect(),
+    );
+    if std::env::var_os("ORT_DYLIB_PATH").is_none() {
+        eprintln!(
+            "warning: ORT_DYLIB_PATH is not set; the server may not find ONNX Runtime \
+             (`source scripts/env.sh`)"
+        );
+    }
+    let extra: Vec<String> = args
+        .server_arg
+        .iter()
+        .chain(&args.server_args_trailing)
+        .cloned()
+        .collect();
+    let log_dir = args
+        .server_log_dir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads)
+        .enable_all()
+        .build()?;
+    let max_clients = args.clients.iter().copied().max().unwrap_or(1);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(max_clients.max(8))
+        .pool_idle_timeout(Duration::from_secs(120))
+        .tcp_nodelay(true)
+        .no_proxy()
+        .build()?;
+
+    let mut results = Vec::new();
+    let mut mode_args = Vec::new();
+    let mut model = None;
+    let mut all_ok = true;
+    eprintln!(
+        "nmt-bench: {} inputs from {}; modes {}; clients {:?}; {} s warm-up + {} s per cell",
+        verses.len(),
+        args.verses.display(),
+        args.modes.join(","),
+        args.clients,
+        args.warmup_seconds,
+        args.seconds
+    );
+    let interrupted_run = runtime.block_on(async {
+        let bench = async {
+            for mode in &args.modes {
+                let sargs = server_args(&args.model_dir, mode, &extra);
+                mode_args.push(ModeArgs {
+                    mode: mode.clone(),
+                    args: sargs.clone(),
+                });
+                let log_path = log_dir.join(format!("nmt-bench-server-{}.log", file_safe(mode)));
+                let cells = Cells {
+                    clients: &args.clients,
+                    warmup,
+                    measure,
+                    request_timeout,
+                    bodies: &bodies,
+                };
+                match bench_mode(
+                    &client,
+                    &args.server_bin,
+                    mode,
+                    &sargs,
+                    &log_path,
+                    startup_timeout,
+                    &cells,
+                )
+                .await
+                {
+                    Ok((summaries, m)) => {
+                        results.extend(summaries);
+                        if model.is_none() {
+                            model = m;
+                        }
+                    }
+                    Err(e) => {
+                        all_ok = false;
+                        eprintln!("mode `{mode}` failed: {e:#}");
+                    }
+                }
+            }
+        };
+        // On an interruption `bench` is dropped, and with it the running server (SIGTERM).
+        tokio::select! {
+            () = bench => false,
+            () = interrupted() => true,
+        }
+    });
+    if interrupted_run {
+        eprintln!("nmt-bench: interrupted; partial results follow");
+        all_ok = false;
+    }
+
+    let ratios = report::ratios(&results, &args.modes, &args.clients, &args.baseline_mode);
+    let report = Report {
+        date: report::utc_now(),
+        command_line: report::shell_join(&std::env::args().collect::<Vec<_>>()),
+        server_bin: args.server_bin.display().to_string(),
+        server_args: mode_args,
+        nproc: nproc(),
+        client_threads: args.client_threads,
+        model,
+        verses_file: args.verses.display().to_string(),
+        verses: verses.len(),
+        warmup_seconds: args.warmup_seconds,
+        seconds: args.seconds,
+        baseline_mode: args.baseline_mode.clone(),
+        results,
+        ratios,
+    };
+    println!("{}", report::tables(&report));
+    if let Some(path) = &args.out_md {
+        write(path, &report::markdown(&report))?;
+    }
+    if let Some(path) = &args.out_json {
+        write(path, &(serde_json::to_string_pretty(&report)? + "\n"))?;
+    }
+    Ok(all_ok)
+}
+
+/// The cells every mode runs.
+struct Cells<'a> {
+    clients: &'a [usize],
+    warmup: Duration,
+    measure: Duration,
+    request_timeout: Duration,
+    bodies: &'a Arc<Vec<String>>,
+}
+
+/// Starts the server for one mode, runs every concurrency level against it, stops it.
+async fn bench_mode(
+    client: &reqwest::Client,
+    bin: &Path,
+    mode: &str,
+    sargs: &[String],
+    log_path: &Path,
+    startup_timeout: Duration,
+    cells: &Cells<'_>,
+) -> Result<(Vec<stats::CellSummary>, Option<String>)> {
+    eprintln!(
+        "starting {} {} (log: {})",
+        bin.display(),
+        report::shell_join(sargs),
+        log_path.display()
+    );
+    let mut server = {
+        let (bin, sargs, log_path) = (bin.to_path_buf(), sargs.to_vec(), log_path.to_path_buf());
+        tokio::task::spawn_blocking(move || Server::start(&bin, &sargs, &log_path, startup_timeout))
+            .await??
+    };
+    let endpoint = wait_ready(client, &mut server, startup_timeout).await?;
+    eprintln!("{} ready ({endpoint} answered 200)", server.base_url);
+
+    let mut summaries = Vec::new();
+    let mut model = None;
+    for &clients in cells.clients {
+        let cell = Cell {
+            clients,
+            warmup: cells.warmup,
+            measure: cells.measure,
+            request_timeout: cells.request_timeout,
+        };
+        let bar = cell_bar(mode, clients);
+        let run = run_cell(
+            client,
+            &server.base_url,
+            Arc::clone(cells.bodies),
+            &cell,
+            &bar,
+        )
+        .await;
+        if model.is_none() {
+            model = run.model.clone();
+        }
+        let s = stats::summarize(mode, clients, &run.samples, run.wall);
+        bar.finish_with_message(format!(
+            "{} req, {} err, {:.1} tok/s, {:.2} req/s, p50 {} ms, p99 {} ms",
+            s.requests,
+            s.errors,
+            s.tokens_per_second,
+            s.requests_per_second,
+            s.p50_ms.map_or("-".into(), |v| format!("{v:.0}")),
+            s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
+        ));
+        if bar.is_hidden() {
+            // No terminal, no bar: say the same on stderr.
+            eprintln!(
+                "{mode}, {clients} clients: {} req, {} err, {:.1} tok/s",
+                s.requests, s.errors, s.tokens_per_second
+            );
+        }
+        summaries.push(s);
+        if let Some(status) = server.try_wait()? {
+            anyhow::bail!(
+                "the server exited ({status}) during the run; its log:\n{}",
+                server::log_tail(&server.log_path)
+            );
+        }
+    }
+    let status =
+        tokio::task::spawn_blocking(move || server.stop(Duration::from_secs(30))).await??;
+    eprintln!("server (mode {mode}) stopped: {status}");
+    Ok((summaries, model))
+}
+
+/// Ctrl-C or SIGTERM.
+async fn interrupted() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// `nproc`, or the parallelism the standard library sees when it is missing.
+fn nproc() -> usize {
+    std::process::Command::new("nproc")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(0, |n| n.get()))
+}
+
+fn file_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_and_server_args() {
+        let a = Args::try_parse_from([
+            "nmt-bench",
+            "--server-arg=--intra-op-threads",
+            "--server-arg",
+            "1",
+            "--",
+            "--queue-capacity",
+            "512",
+        ])
+        .unwrap();
+        assert_eq!(a.modes, ["continuous", "off"]);
+        assert_eq!(a.clients, [1, 4, 16, 64]);
+        assert_eq!(a.seconds, 20.0);
+        assert_eq!(a.warmup_seconds, 3.0);
+        assert_eq!(a.server_bin, PathBuf::from("target/release/nmt-server"));
+        assert_eq!(a.model_dir, PathBuf::from("models/en-es-transformer"));
+        assert_eq!(a.server_arg, ["--intra-op-threads", "1"]);
+        assert_eq!(a.server_args_trailing, ["--queue-capacity", "512"]);
+    }
+}

@@ -1,0 +1,301 @@
+//! The report: a markdown table (stdout, `--out-md`) and JSON (`--out-json`).
+
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::stats::CellSummary;
+
+/// Everything a run reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// UTC, `YYYY-MM-DD HH:MM:SS UTC`.
+    pub date: String,
+    /// How `nmt-bench` was invoked.
+    pub command_line: String,
+    pub server_bin: String,
+    /// The full server argument list of every mode.
+    pub server_args: Vec<ModeArgs>,
+    /// `nproc` on the machine that ran both the server and the clients.
+    pub nproc: usize,
+    /// Worker threads of the clients' tokio runtime.
+    pub client_threads: usize,
+    /// The model name the server reported.
+    pub model: Option<String>,
+    pub verses_file: String,
+    pub verses: usize,
+    pub warmup_seconds: f64,
+    pub seconds: f64,
+    pub baseline_mode: String,
+    pub results: Vec<CellSummary>,
+    /// Throughput (target tokens/s) of every other mode over the baseline mode's.
+    pub ratios: Vec<Ratio>,
+}
+
+/// The server arguments of one mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeArgs {
+    pub mode: String,
+    pub args: Vec<String>,
+}
+
+/// `mode` throughput over `baseline` throughput at `clients`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub clients: usize,
+    pub mode: String,
+    pub baseline: String,
+    pub ratio: Option<f64>,
+}
+
+/// Throughput ratios of every mode other than `baseline` over `baseline`, per concurrency
+/// level, in the order of `clients` and `modes`. Empty when `baseline` is not among `modes`.
+pub fn ratios(
+    results: &[CellSummary],
+    modes: &[String],
+    clients: &[usize],
+    baseline: &str,
+) -> Vec<Ratio> {
+    let find = |mode: &str, c: usize| {
+        results
+            .iter()
+            .find(|r| r.mode == mode && r.clients == c)
+            .map(|r| r.tokens_per_second)
+    };
+    if !modes.iter().any(|m| m == baseline) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for &c in clients {
+        for mode in modes.iter().filter(|m| *m != baseline) {
+            let ratio = match (find(mode, c), find(baseline, c)) {
+                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                _ => None,
+            };
+            out.push(Ratio {
+                clients: c,
+                mode: mode.clone(),
+                baseline: baseline.to_string(),
+                ratio,
+            });
+        }
+    }
+    out
+}
+
+fn ms(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+/// The results table (and the ratio table when there are ratios), as printed on stdout.
+pub fn tables(report: &Report) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "| mode | clients | requests | errors | target tok/s | req/s | p50 ms | p90 ms | p99 ms |\n",
+    );
+    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for r in &report.results {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.1} | {:.2} | {} | {} | {} |",
+            r.mode,
+            r.clients,
+            r.requests,
+            r.errors,
+            r.tokens_per_second,
+            r.requests_per_second,
+            ms(r.p50_ms),
+            ms(r.p90_ms),
+            ms(r.p99_ms)
+        );
+    }
+    let errors: Vec<String> = report
+        .results
+        .iter()
+        .filter(|r| r.errors > 0)
+        .map(|r| {
+            let kinds: Vec<String> = r
+                .error_kinds
+                .iter()
+                .map(|(k, n)| format!("{n} x {k}"))
+                .collect();
+            format!("{} at {} clients: {}", r.mode, r.clients, kinds.join(", "))
+        })
+        .collect();
+    if !errors.is_empty() {
+        let _ = writeln!(s, "\nErrors: {}.", errors.join("; "));
+    }
+    if !report.ratios.is_empty() {
+        let mut others: Vec<&str> = Vec::new();
+        for r in &report.ratios {
+            if !others.contains(&r.mode.as_str()) {
+                others.push(&r.mode);
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\nThroughput ratio (target tokens/s) over `{}`:\n",
+            report.baseline_mode
+        );
+        s.push_str("| clients |");
+        for m in &others {
+            let _ = write!(s, " {m}/{} |", report.baseline_mode);
+        }
+        s.push_str("\n| ---: |");
+        s.push_str(&" ---: |".repeat(others.len()));
+        s.push('\n');
+        let mut levels: Vec<usize> = report.ratios.iter().map(|r| r.clients).collect();
+        levels.dedup();
+        for c in levels {
+            let _ = write!(s, "| {c} |");
+            for m in &others {
+                let ratio = report
+                    .ratios
+                    .iter()
+                    .find(|r| r.clients == c && r.mode == *m)
+                    .and_then(|r| r.ratio);
+                let _ = write!(s, " {} |", ratio.map_or("-".into(), |v| format!("{v:.2}")));
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// The markdown document of `--out-md`: how the run was made, then [`tables`].
+pub fn markdown(report: &Report) -> String {
+    let mut s = String::new();
+    s.push_str("# nmt-bench: throughput and latency by concurrency\n\n");
+    let _ = writeln!(s, "- date: {}", report.date);
+    let _ = writeln!(s, "- command: `{}`", report.command_line);
+    for m in &report.server_args {
+        let _ = writeln!(
+            s,
+            "- server, mode `{}`: `{} {}`",
+            m.mode,
+            report.server_bin,
+            shell_join(&m.args)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "- nproc: {} (server and clients on the same machine; clients on {} tokio worker thread{})",
+        report.nproc,
+        report.client_threads,
+        if report.client_threads == 1 { "" } else { "s" }
+    );
+    if let Some(model) = &report.model {
+        let _ = writeln!(s, "- model: {model}");
+    }
+    let _ = writeln!(
+        s,
+        "- inputs: {} ({} texts, one per request, round-robin from the first in every cell)",
+        report.verses_file, report.verses
+    );
+    let _ = writeln!(
+        s,
+        "- per cell: {} s warm-up (not measured), then {} s measured; closed-loop clients; a request \
+         counts when it completes inside the measured window; throughput = sum of `output_tokens` / \
+         measured seconds; latency percentiles by nearest rank over successful requests",
+        report.warmup_seconds, report.seconds
+    );
+    s.push('\n');
+    s.push_str(&tables(report));
+    s
+}
+
+/// Joins arguments for display, single-quoting the ones a shell would split or expand.
+pub fn shell_join<S: AsRef<str>>(args: &[S]) -> String {
+    args.iter()
+        .map(|a| {
+            let a = a.as_ref();
+            let plain = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+            if plain {
+                a.to_string()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Now, in UTC: `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    utc_string(secs)
+}
+
+/// `secs` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc_string(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::summarize;
+    use std::time::Duration;
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc_string(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc_string(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc_string(1_709_251_199), "2024-02-29 23:59:59 UTC");
+        assert_eq!(utc_string(1_735_689_600), "2025-01-01 00:00:00 UTC");
+    }
+
+    #[test]
+    fn shell_quoting() {
+        assert_eq!(
+            shell_join(&["nmt-bench", "--modes", "a,b", "x y", "it's", ""]),
+            r"nmt-bench --modes a,b 'x y' 'it'\''s' ''"
+        );
+    }
+
+    #[test]
+    fn ratios_over_the_baseline() {
+        let cell = |mode: &str, clients: usize, tokens: u64| {
+            let mut s = summarize(mode, clients, &[], Duration::from_secs(1));
+            s.tokens_per_second = tokens as f64;
+            s
+        };
+        let results = vec![
+            cell("continuous", 1, 100),
+            cell("continuous", 4, 300),
+            cell("off", 1, 100),
+            cell("off", 4, 0),
+        ];
+        let modes = vec!["continuous".to_string(), "off".to_string()];
+        let r = ratios(&results, &modes, &[1, 4], "off");
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].clients, r[0].mode.as_str(), r[0].ratio),
+            (1, "continuous", Some(1.0))
+        );
+        assert_eq!((r[1].clients, r[1].ratio), (4, None));
+        assert!(ratios(&results, &modes, &[1, 4], "default").is_empty());
+    }
+}

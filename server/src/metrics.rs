@@ -1,0 +1,239 @@
+//! Prometheus metrics, named by Prometheus conventions: one `nmt_` prefix, base units,
+//! `_total` counters, and bounded labels. The headline dashboard is latency by input
+//! length, so every latency histogram carries an `input_length` label whose values are the
+//! fixed buckets of [`input_length_bucket`], never the raw length.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Upper bounds (subword tokens, inclusive) and label values of the input-length buckets.
+/// The last bucket is open.
+pub const INPUT_LENGTH_BUCKETS: [(usize, &str); 5] = [
+    (16, "1-16"),
+    (32, "17-32"),
+    (64, "33-64"),
+    (128, "65-128"),
+    (usize::MAX, "129+"),
+];
+
+/// The `input_length` label of a text of `tokens` subwords.
+pub fn input_length_bucket(tokens: usize) -> &'static str {
+    INPUT_LENGTH_BUCKETS
+        .iter()
+        .find(|(bound, _)| tokens <= *bound)
+        .map(|(_, label)| *label)
+        .expect("the last bucket is open")
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const TOKEN_LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+const LENGTH_BUCKETS: &[f64] = &[1.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+const DEVIATION_BUCKETS: &[f64] = &[
+    -32.0, -16.0, -8.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0,
+];
+
+/// Every metric the server exports, in its own registry (so tests can run several servers
+/// in one process).
+pub struct Metrics {
+    registry: Registry,
+    pub request_duration: HistogramVec,
+    pub queue_duration: HistogramVec,
+    pub inference_duration: HistogramVec,
+    pub time_per_output_token: HistogramVec,
+    pub input_length: HistogramVec,
+    pub output_length: HistogramVec,
+    pub batch_size: HistogramVec,
+    pub queue_depth: IntGaugeVec,
+    pub sequences_in_flight: IntGaugeVec,
+    pub length_deviation: HistogramVec,
+    pub errors: IntCounterVec,
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    labels: &[&str],
+) -> HistogramVec {
+    let metric = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("valid histogram");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let by_length = &["model", "input_length"];
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "nmt_errors_total",
+                "Failed requests by error type (the `error_type` of the JSON error body).",
+            ),
+            &["type"],
+        )
+        .expect("valid counter");
+        r.register(Box::new(errors.clone()))
+            .expect("metric names are unique");
+        Metrics {
+            request_duration: histogram(
+                &r,
+                "nmt_request_duration_seconds",
+                "Time from a valid request's arrival to its answer, labelled by its longest text.",
+                LATENCY_BUCKETS,
+                by_length,
+            ),
+            queue_duration: histogram(
+                &r,
+                "nmt_queue_duration_seconds",
+                "Time a request waited for the model before joining the running batch.",
+                LATENCY_BUCKETS,
+                by_length,
+            ),
+            inference_duration: histogram(
+                &r,
+                "nmt_inference_duration_seconds",
+                "Time from joining the batch to the request's last text being decoded.",
+                LATENCY_BUCKETS,
+                by_length,
+            ),
+            time_per_output_token: histogram(
+                &r,
+                "nmt_time_per_output_token_seconds",
+                "Decoding time of one text divided by its output tokens.",
+                TOKEN_LATENCY_BUCKETS,
+                by_length,
+            ),
+            input_length: histogram(
+                &r,
+                "nmt_input_length_tokens",
+                "Subword tokens per input text.",
+                LENGTH_BUCKETS,
+                &["model"],
+            ),
+            output_length: histogram(
+                &r,
+                "nmt_output_length_tokens",
+                "Subword tokens per output text.",
+                LENGTH_BUCKETS,
+                &["model"],
+            ),
+            batch_size: histogram(
+                &r,
+                "nmt_batch_size",
+                "Rows in the decoder batch at each step.",
+                BATCH_BUCKETS,
+                &["model"],
+            ),
+            queue_depth: gauge(
+                &r,
+                "nmt_queue_depth",
+                "Requests waiting for the model.",
+                &["model"],
+            ),
+            sequences_in_flight: gauge(
+                &r,
+                "nmt_sequences_in_flight",
+                "Texts being decoded in the running batch.",
+                &["model"],
+            ),
+            length_deviation: histogram(
+                &r,
+                "nmt_length_deviation_tokens",
+                "Output length minus the requested target length, for texts that asked one.",
+                DEVIATION_BUCKETS,
+                &["model"],
+            ),
+            errors,
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+
+    /// The worker's metric handles for `model`.
+    pub fn worker(&self, model: &str) -> crate::scheduler::WorkerMetrics {
+        crate::scheduler::WorkerMetrics {
+            batch_size: self.batch_size.with_label_values(&[model]),
+            queue_depth: self.queue_depth.with_label_values(&[model]),
+            sequences_in_flight: self.sequences_in_flight.with_label_values(&[model]),
+        }
+    }
+
+    pub fn record_error(&self, error_type: &str) {
+        self.errors.with_label_values(&[error_type]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_every_length_once() {
+        assert_eq!(input_length_bucket(0), "1-16");
+        assert_eq!(input_length_bucket(16), "1-16");
+        assert_eq!(input_length_bucket(17), "17-32");
+        assert_eq!(input_length_bucket(128), "65-128");
+        assert_eq!(input_length_bucket(129), "129+");
+        assert_eq!(input_length_bucket(usize::MAX), "129+");
+    }
+
+    #[test]
+    fn renders_the_text_format() {
+        let metrics = Metrics::new();
+        metrics
+            .request_duration
+            .with_label_values(&["m", "1-16"])
+            .observe(0.02);
+        metrics.record_error("overloaded");
+        let text = metrics.render();
+        assert!(
+            text.contains("# TYPE nmt_request_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "nmt_request_duration_seconds_bucket{input_length=\"1-16\",model=\"m\",le=\"0.025\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("nmt_errors_total{type=\"overloaded\"} 1"),
+            "{text}"
+        );
+    }
+}
