@@ -58,7 +58,7 @@ struct Live {
 /// index. The first `cell.warmup` is not measured; a request counts when it completes inside
 /// the `cell.measure` window after it. At the end of the window no new request is sent, and
 /// the requests still in flight are waited for (not counted), so the next cell starts
-/// against an idle server.
+/// against an idle server. Dropping the future (Ctrl-C) aborts the clients.
 pub async fn run_cell(
     client: &reqwest::Client,
     base_url: &str,
@@ -73,7 +73,8 @@ pub async fn run_cell(
     let measure_start = start + cell.warmup;
     let measure_end = measure_start + cell.measure;
 
-    let mut tasks = Vec::with_capacity(cell.clients);
+    // A JoinSet aborts its tasks when dropped: an interrupted cell sends no more requests.
+    let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..cell.clients {
         let client = client.clone();
         let url = Arc::clone(&url);
@@ -81,7 +82,7 @@ pub async fn run_cell(
         let next = Arc::clone(&next);
         let live = Arc::clone(&live);
         let timeout = cell.request_timeout;
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut samples = Vec::new();
             let mut model = None;
             while Instant::now() < measure_end {
@@ -109,18 +110,19 @@ pub async fn run_cell(
                 }
             }
             (samples, model)
-        }));
+        });
     }
 
     // Progress: position in milliseconds over warm-up + measured window.
     let total_ms = (cell.warmup + cell.measure).as_millis() as u64;
     bar.set_length(total_ms);
     let stop_ticker = Arc::new(AtomicBool::new(false));
-    let ticker = {
+    let mut ticker = tokio::task::JoinSet::new();
+    {
         let bar = bar.clone();
         let live = Arc::clone(&live);
         let stop = Arc::clone(&stop_ticker);
-        tokio::spawn(async move {
+        ticker.spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let now = Instant::now();
                 bar.set_position((now - start).as_millis().min(u128::from(total_ms)) as u64);
@@ -142,13 +144,13 @@ pub async fn run_cell(
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-        })
-    };
+        });
+    }
 
     let mut samples = Vec::new();
     let mut model = None;
-    for task in tasks {
-        match task.await {
+    while let Some(task) = tasks.join_next().await {
+        match task {
             Ok((s, m)) => {
                 samples.extend(s);
                 if model.is_none() {
@@ -159,7 +161,7 @@ pub async fn run_cell(
         }
     }
     stop_ticker.store(true, Ordering::Relaxed);
-    let _ = ticker.await;
+    while ticker.join_next().await.is_some() {}
     bar.set_position(total_ms);
     CellRun {
         samples,

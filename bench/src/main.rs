@@ -1,12 +1,20 @@
 //! `nmt-bench`: throughput and latency of `nmt-server` by concurrency, for each batching mode.
 //!
-//! For every mode in `--modes` it starts the server binary as a child process
-//! (`--model-dir DIR --port 0 --batching MODE`, plus `--server-arg`s), waits for its
-//! `listening on http://ADDR` line and for `GET /ready` (or `/health`) to answer 200, then for
-//! every concurrency level in `--clients` runs closed-loop clients that POST one test verse per
-//! request to `/translate` for `--warmup-seconds` (not measured) plus `--seconds`. It reports
-//! requests, errors, target tokens/s, requests/s and p50/p90/p99 latency per (mode, clients) as
-//! a markdown table on stdout, and optionally as markdown and JSON files.
+//! It first starts one server per mode in `--modes`, as child processes that all run side by
+//! side (`--model-dir DIR --port 0 --grpc-port 0 --batching MODE`, plus `--server-arg`s), and
+//! waits for each one's `listening on http://ADDR` line and for `GET /ready` (or `/health`) to
+//! answer 200. Then, for every concurrency level in `--clients`, it runs the cell of every mode
+//! back to back: closed-loop clients POST one test verse per request to that mode's
+//! `/translate` for `--warmup-seconds` (not measured) plus `--seconds`, while the other servers
+//! sit idle. The mode order alternates from level to level (`continuous,off`, then
+//! `off,continuous`, ...), so that the slow drift of a shared machine's speed hits every mode
+//! alike instead of falling between modes measured minutes apart. All servers are stopped at
+//! the end, on an error and on Ctrl-C/SIGTERM. A server that fails to start or exits leaves its
+//! mode's remaining cells unreported (the run then exits non-zero); the other modes go on.
+//!
+//! It reports requests, errors, target tokens/s, requests/s and p50/p90/p99 latency per
+//! (mode, clients), ordered by mode then clients, as a markdown table on stdout, and
+//! optionally as markdown and JSON files.
 //!
 //! This is a benchmark to run by hand on an otherwise idle machine, not a test.
 
@@ -26,11 +34,12 @@ use clap::Parser;
 
 use crate::load::{cell_bar, run_cell, Cell};
 use crate::report::{ModeArgs, Report};
-use crate::server::{server_args, wait_ready, Server};
+use crate::server::{server_args, wait_ready, Fleet, Server};
 
-/// Concurrency benchmark of nmt-server: for each batching mode, starts the server and drives it
-/// with closed-loop HTTP clients at each concurrency level; prints target tokens/s, requests/s
-/// and latency percentiles as a markdown table.
+/// Concurrency benchmark of nmt-server: starts one server per batching mode, all side by side,
+/// then at each concurrency level drives every mode's server in turn with closed-loop HTTP
+/// clients (cells interleaved, the mode order alternating from level to level to cancel drift);
+/// prints target tokens/s, requests/s and latency percentiles as a markdown table.
 ///
 /// Run it from the workspace root on an otherwise idle machine, after
 /// `source scripts/env.sh` (the server needs ORT_DYLIB_PATH) and
@@ -46,8 +55,8 @@ struct Args {
     #[arg(long, env = "NMT_BENCH_VERSES", default_value = "data/corpus/test.en")]
     verses: PathBuf,
 
-    /// Server batching modes to compare, comma-separated; each is passed as
-    /// `--batching MODE`. The mode `default` passes no `--batching` flag at all (the server's
+    /// Server batching modes to compare, comma-separated, each a different name; each mode gets
+    /// its own server, passed `--batching MODE`. The mode `default` passes no `--batching` flag at all (the server's
     /// own default, and what works with a server that has no such flag).
     #[arg(
         long,
@@ -111,7 +120,7 @@ struct Args {
     #[arg(last = true, value_name = "SERVER_ARGS")]
     server_args_trailing: Vec<String>,
 
-    /// Seconds to wait for the server to print `listening on` and then to answer 200 on
+    /// Seconds to wait for each server to print `listening on` and then to answer 200 on
     /// `/ready` (it answers 503 until its warm-up translation is done).
     #[arg(
         long,
@@ -175,6 +184,13 @@ fn run(args: Args) -> Result<bool> {
         "--modes has an empty name"
     );
     ensure!(
+        args.modes
+            .iter()
+            .enumerate()
+            .all(|(i, m)| !args.modes[..i].contains(m)),
+        "--modes names a mode twice"
+    );
+    ensure!(
         !args.clients.is_empty() && args.clients.iter().all(|&c| c > 0),
         "--clients must be positive numbers"
     );
@@ -223,11 +239,20 @@ fn run(args: Args) -> Result<bool> {
         .build()?;
 
     let mut results = Vec::new();
-    let mut mode_args = Vec::new();
     let mut model = None;
     let mut all_ok = true;
+    let mode_args: Vec<ModeArgs> = args
+        .modes
+        .iter()
+        .map(|mode| ModeArgs {
+            mode: mode.clone(),
+            args: server_args(&args.model_dir, mode, &extra),
+        })
+        .collect();
+    let log_paths = log_paths(&log_dir, &args.modes);
     eprintln!(
-        "nmt-bench: {} inputs from {}; modes {}; clients {:?}; {} s warm-up + {} s per cell",
+        "nmt-bench: {} inputs from {}; modes {}; clients {:?}; {} s warm-up + {} s per cell; \
+         all servers side by side, cells interleaved by concurrency level",
         verses.len(),
         args.verses.display(),
         args.modes.join(","),
@@ -235,47 +260,84 @@ fn run(args: Args) -> Result<bool> {
         args.warmup_seconds,
         args.seconds
     );
+    let cells = Cells {
+        clients: &args.clients,
+        warmup,
+        measure,
+        request_timeout,
+        bodies: &bodies,
+    };
     let interrupted_run = runtime.block_on(async {
         let bench = async {
-            for mode in &args.modes {
-                let sargs = server_args(&args.model_dir, mode, &extra);
-                mode_args.push(ModeArgs {
-                    mode: mode.clone(),
-                    args: sargs.clone(),
-                });
-                let log_path = log_dir.join(format!("nmt-bench-server-{}.log", file_safe(mode)));
-                let cells = Cells {
-                    clients: &args.clients,
-                    warmup,
-                    measure,
-                    request_timeout,
-                    bodies: &bodies,
-                };
-                match bench_mode(
+            // Dropped on an interruption or a panic, the fleet stops every server it holds.
+            let mut fleet = Fleet::default();
+            for (m, log_path) in mode_args.iter().zip(&log_paths) {
+                let server = start_server(
                     &client,
                     &args.server_bin,
-                    mode,
-                    &sargs,
-                    &log_path,
+                    &m.args,
+                    log_path,
                     startup_timeout,
-                    &cells,
                 )
-                .await
-                {
-                    Ok((summaries, m)) => {
-                        results.extend(summaries);
-                        if model.is_none() {
-                            model = m;
-                        }
-                    }
+                .await;
+                fleet.servers.push(match server {
+                    Ok(server) => Some(server),
                     Err(e) => {
                         all_ok = false;
-                        eprintln!("mode `{mode}` failed: {e:#}");
+                        eprintln!("mode `{}` failed: {e:#}", m.mode);
+                        None
+                    }
+                });
+            }
+            for (level, &clients) in cells.clients.iter().enumerate() {
+                for i in mode_order(args.modes.len(), level) {
+                    let mode = &args.modes[i];
+                    let Some(server) = fleet.servers[i].as_mut() else {
+                        continue;
+                    };
+                    let outcome = run_mode_cell(&client, server, mode, clients, &cells).await;
+                    match outcome {
+                        Ok((summary, m)) => {
+                            results.push(summary);
+                            if model.is_none() {
+                                model = m;
+                            }
+                        }
+                        Err(e) => {
+                            all_ok = false;
+                            let left = cells.clients.len() - level - 1;
+                            eprintln!(
+                                "mode `{mode}` failed at {clients} clients: {e:#}\n\
+                                 (mode `{mode}`: this cell and the {left} after it are not \
+                                 reported; the other modes go on)"
+                            );
+                            if let Some(mut dead) = fleet.servers[i].take() {
+                                let _ = dead.stop(Duration::from_secs(1));
+                            }
+                        }
                     }
                 }
             }
+            let stopped =
+                tokio::task::spawn_blocking(move || fleet.stop_all(Duration::from_secs(30))).await;
+            match stopped {
+                Ok(stopped) => {
+                    for (i, status) in stopped {
+                        match status {
+                            Ok(status) => {
+                                eprintln!("server (mode {}) stopped: {status}", args.modes[i]);
+                            }
+                            Err(e) => {
+                                eprintln!("server (mode {}) stop failed: {e:#}", args.modes[i]);
+                            }
+                        }
+                    }
+                }
+                Err(e) => eprintln!("stopping the servers failed: {e}"),
+            }
         };
-        // On an interruption `bench` is dropped, and with it the running server (SIGTERM).
+        // On an interruption `bench` is dropped, and with it the fleet: every server gets
+        // SIGTERM.
         tokio::select! {
             () = bench => false,
             () = interrupted() => true,
@@ -285,6 +347,14 @@ fn run(args: Args) -> Result<bool> {
         eprintln!("nmt-bench: interrupted; partial results follow");
         all_ok = false;
     }
+    // Cells ran interleaved; the report lists them by mode, then by concurrency level.
+    let position = |r: &stats::CellSummary| {
+        (
+            args.modes.iter().position(|m| *m == r.mode),
+            args.clients.iter().position(|&c| c == r.clients),
+        )
+    };
+    results.sort_by_key(position);
 
     let ratios = report::ratios(&results, &args.modes, &args.clients, &args.baseline_mode);
     let report = Report {
@@ -322,16 +392,42 @@ struct Cells<'a> {
     bodies: &'a Arc<Vec<String>>,
 }
 
-/// Starts the server for one mode, runs every concurrency level against it, stops it.
-async fn bench_mode(
+/// The order in which the modes (by index) run their cells at the `level`-th concurrency
+/// level: as given on even levels, reversed on odd ones, so that no mode is always measured
+/// first (slow drift of the machine's speed cancels out over pairs of levels).
+fn mode_order(modes: usize, level: usize) -> Vec<usize> {
+    if level.is_multiple_of(2) {
+        (0..modes).collect()
+    } else {
+        (0..modes).rev().collect()
+    }
+}
+
+/// One server log per mode, `nmt-bench-server-MODE.log` (with `-N` added where two mode names
+/// would give the same file name).
+fn log_paths(dir: &Path, modes: &[String]) -> Vec<PathBuf> {
+    let mut names: Vec<String> = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let mut name = format!("nmt-bench-server-{}", file_safe(mode));
+        if names.contains(&name) {
+            name = format!("{name}-{i}");
+        }
+        names.push(name);
+    }
+    names
+        .into_iter()
+        .map(|n| dir.join(format!("{n}.log")))
+        .collect()
+}
+
+/// Starts one mode's server and waits until it is ready.
+async fn start_server(
     client: &reqwest::Client,
     bin: &Path,
-    mode: &str,
     sargs: &[String],
     log_path: &Path,
     startup_timeout: Duration,
-    cells: &Cells<'_>,
-) -> Result<(Vec<stats::CellSummary>, Option<String>)> {
+) -> Result<Server> {
     eprintln!(
         "starting {} {} (log: {})",
         bin.display(),
@@ -345,57 +441,64 @@ async fn bench_mode(
     };
     let endpoint = wait_ready(client, &mut server, startup_timeout).await?;
     eprintln!("{} ready ({endpoint} answered 200)", server.base_url);
+    Ok(server)
+}
 
-    let mut summaries = Vec::new();
-    let mut model = None;
-    for &clients in cells.clients {
-        let cell = Cell {
-            clients,
-            warmup: cells.warmup,
-            measure: cells.measure,
-            request_timeout: cells.request_timeout,
-        };
-        let bar = cell_bar(mode, clients);
-        let run = run_cell(
-            client,
-            &server.base_url,
-            Arc::clone(cells.bodies),
-            &cell,
-            &bar,
-        )
-        .await;
-        if model.is_none() {
-            model = run.model.clone();
-        }
-        let s = stats::summarize(mode, clients, &run.samples, run.wall);
-        bar.finish_with_message(format!(
-            "{} req, {} err, {:.1} tok/s, {:.2} req/s, p50 {} ms, p99 {} ms",
-            s.requests,
-            s.errors,
-            s.tokens_per_second,
-            s.requests_per_second,
-            s.p50_ms.map_or("-".into(), |v| format!("{v:.0}")),
-            s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
-        ));
-        if bar.is_hidden() {
-            // No terminal, no bar: say the same on stderr.
-            eprintln!(
-                "{mode}, {clients} clients: {} req, {} err, {:.1} tok/s",
-                s.requests, s.errors, s.tokens_per_second
-            );
-        }
-        summaries.push(s);
-        if let Some(status) = server.try_wait()? {
-            anyhow::bail!(
-                "the server exited ({status}) during the run; its log:\n{}",
-                server::log_tail(&server.log_path)
-            );
-        }
+/// Runs one (mode, clients) cell against the mode's running server: its summary and the
+/// model name the server reported. Fails when the server has exited, before or during the
+/// cell (the summary of a cell the server died in is not a measurement).
+async fn run_mode_cell(
+    client: &reqwest::Client,
+    server: &mut Server,
+    mode: &str,
+    clients: usize,
+    cells: &Cells<'_>,
+) -> Result<(stats::CellSummary, Option<String>)> {
+    if let Some(status) = server.try_wait()? {
+        anyhow::bail!(
+            "the server exited ({status}) before this cell; its log:\n{}",
+            server::log_tail(&server.log_path)
+        );
     }
-    let status =
-        tokio::task::spawn_blocking(move || server.stop(Duration::from_secs(30))).await??;
-    eprintln!("server (mode {mode}) stopped: {status}");
-    Ok((summaries, model))
+    let cell = Cell {
+        clients,
+        warmup: cells.warmup,
+        measure: cells.measure,
+        request_timeout: cells.request_timeout,
+    };
+    let bar = cell_bar(mode, clients);
+    let run = run_cell(
+        client,
+        &server.base_url,
+        Arc::clone(cells.bodies),
+        &cell,
+        &bar,
+    )
+    .await;
+    let s = stats::summarize(mode, clients, &run.samples, run.wall);
+    bar.finish_with_message(format!(
+        "{} req, {} err, {:.1} tok/s, {:.2} req/s, p50 {} ms, p99 {} ms",
+        s.requests,
+        s.errors,
+        s.tokens_per_second,
+        s.requests_per_second,
+        s.p50_ms.map_or("-".into(), |v| format!("{v:.0}")),
+        s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
+    ));
+    if bar.is_hidden() {
+        // No terminal, no bar: say the same on stderr.
+        eprintln!(
+            "{mode}, {clients} clients: {} req, {} err, {:.1} tok/s",
+            s.requests, s.errors, s.tokens_per_second
+        );
+    }
+    if let Some(status) = server.try_wait()? {
+        anyhow::bail!(
+            "the server exited ({status}) during the cell; its log:\n{}",
+            server::log_tail(&server.log_path)
+        );
+    }
+    Ok((s, run.model))
 }
 
 /// Ctrl-C or SIGTERM.
@@ -483,5 +586,34 @@ mod tests {
         assert_eq!(a.model_dir, PathBuf::from("models/en-es-transformer"));
         assert_eq!(a.server_arg, ["--intra-op-threads", "1"]);
         assert_eq!(a.server_args_trailing, ["--queue-capacity", "512"]);
+    }
+
+    #[test]
+    fn mode_order_alternates_by_level() {
+        assert_eq!(mode_order(2, 0), [0, 1]);
+        assert_eq!(mode_order(2, 1), [1, 0]);
+        assert_eq!(mode_order(2, 2), [0, 1]);
+        assert_eq!(mode_order(3, 3), [2, 1, 0]);
+        assert_eq!(mode_order(1, 1), [0]);
+    }
+
+    #[test]
+    fn one_log_file_per_mode() {
+        let modes: Vec<String> = ["continuous", "a.b", "a_b"].map(String::from).to_vec();
+        assert_eq!(
+            log_paths(Path::new("/tmp/x"), &modes),
+            [
+                PathBuf::from("/tmp/x/nmt-bench-server-continuous.log"),
+                PathBuf::from("/tmp/x/nmt-bench-server-a_b.log"),
+                PathBuf::from("/tmp/x/nmt-bench-server-a_b-2.log"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mode_named_twice_is_refused() {
+        let a = Args::try_parse_from(["nmt-bench", "--modes", "off,continuous,off"]).unwrap();
+        let e = run(a).unwrap_err();
+        assert!(e.to_string().contains("twice"), "{e}");
     }
 }

@@ -200,6 +200,25 @@ pub fn markdown(report: &Report) -> String {
          measured seconds; latency percentiles by nearest rank over successful requests",
         report.warmup_seconds, report.seconds
     );
+    let modes: Vec<&str> = report.server_args.iter().map(|m| m.mode.as_str()).collect();
+    let order = |m: &[&str]| {
+        m.iter()
+            .map(|m| format!("`{m}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let reversed: Vec<&str> = modes.iter().rev().copied().collect();
+    if modes.len() > 1 {
+        let _ = writeln!(
+        s,
+        "- cells interleaved: the servers of all modes ran side by side for the whole run (each \
+         idle while the others were measured); at each concurrency level every mode's cell ran \
+         back to back, in the order {} at the 1st, 3rd, ... level and {} at the 2nd, 4th, ..., \
+         so that drift in the machine's speed hits all modes alike",
+        order(&modes),
+        order(&reversed)
+    );
+    }
     s.push('\n');
     s.push_str(&tables(report));
     s
@@ -297,5 +316,36 @@ mod tests {
         );
         assert_eq!((r[1].clients, r[1].ratio), (4, None));
         assert!(ratios(&results, &modes, &[1, 4], "default").is_empty());
+    }
+
+    #[test]
+    fn markdown_says_the_cells_were_interleaved() {
+        let mode = |m: &str| ModeArgs {
+            mode: m.to_string(),
+            args: vec!["--batching".to_string(), m.to_string()],
+        };
+        let mut report = Report {
+            date: utc_string(0),
+            command_line: "nmt-bench".into(),
+            server_bin: "nmt-server".into(),
+            server_args: vec![mode("continuous"), mode("off")],
+            nproc: 2,
+            client_threads: 1,
+            model: None,
+            verses_file: "v".into(),
+            verses: 1,
+            warmup_seconds: 1.0,
+            seconds: 2.0,
+            baseline_mode: "off".into(),
+            results: Vec::new(),
+            ratios: Vec::new(),
+        };
+        let md = markdown(&report);
+        assert!(
+            md.contains("in the order `continuous`, `off` at the 1st, 3rd, ... level and `off`, `continuous` at the 2nd"),
+            "{md}"
+        );
+        report.server_args.truncate(1);
+        assert!(!markdown(&report).contains("interleaved"));
     }
 }

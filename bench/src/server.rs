@@ -1,4 +1,5 @@
-//! The server under test: one `nmt-server` child process per batching mode.
+//! The servers under test: one `nmt-server` child process per batching mode, all running side
+//! by side for the whole benchmark ([`Fleet`]).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -36,6 +37,9 @@ pub fn server_args(model_dir: &Path, mode: &str, extra: &[String]) -> Vec<String
 #[derive(Debug)]
 pub struct Server {
     child: Option<Child>,
+    /// SIGTERM has been sent (it is sent once: a second one could cut the graceful shutdown
+    /// short).
+    term_sent: bool,
     /// `http://ADDR` from the `listening on` line.
     pub base_url: String,
     /// Where the server's stderr (its log) goes.
@@ -77,6 +81,7 @@ impl Server {
         });
         let mut server = Server {
             child: Some(child),
+            term_sent: false,
             base_url: String::new(),
             log_path: log_path.to_path_buf(),
         };
@@ -135,21 +140,32 @@ impl Server {
         }
     }
 
-    /// SIGTERM (through `kill PID`), then waits up to `grace` for a graceful shutdown;
+    /// Sends SIGTERM (through `kill PID`) unless it was sent already or the process has
+    /// exited; does not wait.
+    pub fn terminate(&mut self) {
+        let Some(pid) = self.child.as_ref().map(Child::id) else {
+            return;
+        };
+        if self.term_sent || !matches!(self.try_wait(), Ok(None)) {
+            return;
+        }
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        self.term_sent = true;
+    }
+
+    /// SIGTERM ([`Server::terminate`]), then waits up to `grace` for a graceful shutdown;
     /// SIGKILL after that. Returns how it ended.
     pub fn stop(&mut self, grace: Duration) -> Result<ExitStatus> {
         let Some(pid) = self.child.as_ref().map(Child::id) else {
             bail!("server already stopped");
         };
-        if self.try_wait()?.is_none() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
+        self.terminate();
         let status = match self.wait_exit(grace) {
             Some(status) => status,
             None => {
@@ -169,6 +185,36 @@ impl Drop for Server {
         if self.child.is_some() {
             let _ = self.stop(Duration::from_secs(10));
         }
+    }
+}
+
+/// The servers of all modes, by the mode's index in `--modes`: `None` for a mode whose server
+/// did not start, has failed, or was stopped. Dropping the fleet (at the end, on an error, on
+/// Ctrl-C) stops every server it still holds, so none outlives the benchmark.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pub servers: Vec<Option<Server>>,
+}
+
+impl Fleet {
+    /// Stops every server still held: SIGTERM to all of them first (so they shut down in
+    /// parallel), then waits for each, up to `grace` before SIGKILL. Returns each stopped
+    /// server's mode index and how it ended.
+    pub fn stop_all(&mut self, grace: Duration) -> Vec<(usize, Result<ExitStatus>)> {
+        for server in self.servers.iter_mut().flatten() {
+            server.terminate();
+        }
+        self.servers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, slot)| slot.take().map(|mut server| (i, server.stop(grace))))
+            .collect()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = self.stop_all(Duration::from_secs(10));
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::Device;
-use model_package::{files, special, Limits, Manifest};
+use model_package::{files, special, AbsolutePosition, Limits, Manifest};
 use prost::Message;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -64,9 +64,18 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
         .and_then(|s| s.args.get("max_len"))
         .and_then(|v| v.as_u64())
         .map(|v| v as usize);
-    // Every position encoding this exporter knows is absolute; relative models (issue 4)
-    // will declare no limit of their own.
-    let max_source_tokens = args.max_source_tokens.or(training_max_len);
+    // Absolute positions are only trustworthy up to the training lengths (and a learned
+    // table ends at max_positions); relative models declare no limit of their own.
+    let config = &model.config;
+    let max_source_tokens = match config.absolute_position {
+        AbsolutePosition::None => args.max_source_tokens,
+        AbsolutePosition::Sinusoidal => args.max_source_tokens.or(training_max_len),
+        AbsolutePosition::Learned => Some(
+            args.max_source_tokens
+                .or(training_max_len)
+                .map_or(config.max_positions, |m| m.min(config.max_positions)),
+        ),
+    };
 
     std::fs::create_dir_all(&args.out)?;
     let (encoder, decoder) = transformer::export(&model)?;

@@ -9,7 +9,8 @@ use candle_core::Tensor;
 use candle_nn::Linear;
 use model_package::{names, AbsolutePosition, Dim, ModelConfig, NormPlacement, StateSpec};
 use nmt_train::model::{
-    sinusoid_inverse_frequencies, Attention, FeedForward, LayerNorm, Transformer, MASKED_SCORE,
+    sinusoid_inverse_frequencies, Attention, FeedForward, LayerNorm, RelativeTables, Transformer,
+    MASKED_SCORE,
 };
 
 use crate::graph::{attr_int, Axis, ElemType, Graph};
@@ -66,6 +67,20 @@ fn residual(
     }
 }
 
+/// One layer's relative vectors, gathered for the pairs of this graph.
+enum Relative {
+    /// Encoder self-attention: `[len, len, head_dim]` per table.
+    Full {
+        keys: String,
+        values: Option<String>,
+    },
+    /// One decoder step: the query against every cache column, `[cache_len, head_dim]`.
+    Step {
+        keys: String,
+        values: Option<String>,
+    },
+}
+
 struct Exporter<'a> {
     model: &'a Transformer,
     config: &'a ModelConfig,
@@ -80,25 +95,66 @@ impl Exporter<'_> {
     }
 
     /// Attention of `query` `[batch, q_len, d]` over precomputed heads
-    /// (`keys`/`values` `[batch, heads, k_len, head_dim]`) with an additive `bias`.
+    /// (`keys`/`values` `[batch, heads, k_len, head_dim]`) with an additive `bias`, and Shaw
+    /// et al.'s relative vectors when the layer has them.
     fn attend(
         &self,
         g: &mut Graph,
         attn: &Attention,
         query: &str,
-        keys: &str,
-        vals: &str,
+        (keys, vals): (&str, &str),
         bias: &str,
+        relative: Option<&Relative>,
     ) -> Result<String> {
         let q = linear(g, &attn.q_proj, query, "q_proj")?;
         let q = self.split_heads(g, &q);
         let kt = g.transpose(keys, &[0, 1, 3, 2]);
-        let scores = g.matmul(&q, &kt);
+        let mut scores = g.matmul(&q, &kt);
+        // Shaw et al.: q . (k_j + a_ij), summed before the scale as in candle.
+        match relative {
+            Some(Relative::Full { keys, .. }) => {
+                // [len, batch, heads, dh] x [len, 1, dh, len]: one product per query.
+                let q_by_query = g.transpose(&q, &[2, 0, 1, 3]);
+                let a_t = g.transpose(keys, &[0, 2, 1]);
+                let a_t = g.unsqueeze(&a_t, &[1]);
+                let rel = g.matmul(&q_by_query, &a_t);
+                let rel = g.transpose(&rel, &[1, 2, 0, 3]);
+                scores = g.add(&scores, &rel);
+            }
+            Some(Relative::Step { keys, .. }) => {
+                // [batch, heads, 1, dh] x [dh, cache_len].
+                let a_t = g.transpose(keys, &[1, 0]);
+                let rel = g.matmul(&q, &a_t);
+                scores = g.add(&scores, &rel);
+            }
+            None => {}
+        }
         let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
         let scores = g.mul(&scores, &scale);
         let scores = g.add(&scores, bias);
         let probs = g.softmax_last(&scores);
-        let context = g.matmul(&probs, vals);
+        let mut context = g.matmul(&probs, vals);
+        match relative {
+            Some(Relative::Full {
+                values: Some(values),
+                ..
+            }) => {
+                // [len, batch, heads, len] x [len, 1, len, dh].
+                let p_by_query = g.transpose(&probs, &[2, 0, 1, 3]);
+                let a = g.unsqueeze(values, &[1]);
+                let rel = g.matmul(&p_by_query, &a);
+                let rel = g.transpose(&rel, &[1, 2, 0, 3]);
+                context = g.add(&context, &rel);
+            }
+            Some(Relative::Step {
+                values: Some(values),
+                ..
+            }) => {
+                let rel = g.matmul(&probs, values);
+                context = g.add(&context, &rel);
+            }
+            _ => {}
+        }
         let context = g.transpose(&context, &[0, 2, 1, 3]);
         let context = g.reshape(&context, &[0, 0, self.config.d_model as i64]);
         linear(g, &attn.out_proj, &context, "out_proj")
@@ -132,6 +188,47 @@ impl Exporter<'_> {
         let cos = g.unsqueeze(&cos, &[-1]);
         let pairs = g.concat(&[&sin, &cos], -1);
         g.reshape(&pairs, &[-1, d as i64])
+    }
+
+    /// `clip(distance, -k, k) + k` of int64 `distances` (any shape): rows of the tables.
+    fn relative_rows(&self, g: &mut Graph, distances: &str) -> String {
+        let k = self.config.relative_clip as i64;
+        let low = g.int_scalar(-k);
+        let high = g.int_scalar(k);
+        let clipped = g.op("Max", &[distances, &low], vec![]);
+        let clipped = g.op("Min", &[&clipped, &high], vec![]);
+        g.add(&clipped, &high)
+    }
+
+    /// A layer's tables gathered at `rows`.
+    fn gather_relative(
+        &self,
+        g: &mut Graph,
+        tables: &RelativeTables,
+        rows: &str,
+    ) -> Result<(String, Option<String>)> {
+        let (n, dh) = tables.keys.dims2()?;
+        let keys = g.weight("relative_keys", &[n, dh], &values(&tables.keys)?);
+        let keys = g.gather(&keys, rows, 0);
+        let vals = match &tables.values {
+            Some(v) => {
+                let v = g.weight("relative_values", &[n, dh], &values(v)?);
+                Some(g.gather(&v, rows, 0))
+            }
+            None => None,
+        };
+        Ok((keys, vals))
+    }
+
+    /// The learned absolute position table `[max_positions, d]`, when the model has one.
+    fn position_table(&self, g: &mut Graph) -> Result<Option<String>> {
+        match &self.model.pos_embed {
+            Some(table) => {
+                let (n, d) = table.dims2()?;
+                Ok(Some(g.weight("pos_embed.weight", &[n, d], &values(table)?)))
+            }
+            None => Ok(None),
+        }
     }
 
     /// The shared embedding table `[vocab, d]` as an initializer.
@@ -178,20 +275,41 @@ impl Exporter<'_> {
             &["batch".into(), "source_len".into()],
         );
         let table = self.embedding_table(&mut g)?;
+        let positions = g.scoped("positions", |g| {
+            let shape = g.op("Shape", &[&ids], vec![]);
+            let one = g.int_scalar(1);
+            let len = g.gather(&shape, &one, 0);
+            let zero = g.int_scalar(0);
+            g.op("Range", &[&zero, &len, &one], vec![])
+        });
+        let position_table = self.position_table(&mut g)?;
         let mut x = g.scoped("embed", |g| -> Result<String> {
             let words = self.embed(g, &table, &ids);
-            match cfg.absolute_position {
-                AbsolutePosition::Sinusoidal => {
-                    let shape = g.op("Shape", &[&ids], vec![]);
-                    let one = g.int_scalar(1);
-                    let len = g.gather(&shape, &one, 0);
-                    let zero = g.int_scalar(0);
-                    let positions = g.op("Range", &[&zero, &len, &one], vec![]);
+            Ok(match (cfg.absolute_position, &position_table) {
+                (AbsolutePosition::Sinusoidal, _) => {
                     let pe = self.sinusoid(g, &positions);
-                    Ok(g.add(&words, &pe))
+                    g.add(&words, &pe)
                 }
-            }
+                (AbsolutePosition::Learned, Some(t)) => {
+                    let pe = g.gather(t, &positions, 0);
+                    g.add(&words, &pe)
+                }
+                _ => words,
+            })
         })?;
+        // Relative table rows of every (query, key) pair: key position minus query position.
+        let relative_rows = self.model.encoder.layers[0]
+            .self_attn
+            .relative
+            .as_ref()
+            .map(|_| {
+                g.scoped("relative", |g| {
+                    let keys = g.unsqueeze(&positions, &[0]);
+                    let queries = g.unsqueeze(&positions, &[1]);
+                    let distances = g.sub(&keys, &queries);
+                    self.relative_rows(g, &distances)
+                })
+            });
         let bias = self.padding_bias(&mut g, &mask);
         for (i, layer) in self.model.encoder.layers.iter().enumerate() {
             x = g.scoped(&format!("encoder.layers.{i}"), |g| -> Result<String> {
@@ -205,7 +323,14 @@ impl Exporter<'_> {
                         |g, h| {
                             let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
                             let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
-                            self.attend(g, &layer.self_attn, h, &k, &v, &bias)
+                            let relative = match (&layer.self_attn.relative, &relative_rows) {
+                                (Some(tables), Some(rows)) => {
+                                    let (keys, values) = self.gather_relative(g, tables, rows)?;
+                                    Some(Relative::Full { keys, values })
+                                }
+                                _ => None,
+                            };
+                            self.attend(g, &layer.self_attn, h, (&k, &v), &bias, relative.as_ref())
                         },
                     )
                 })?;
@@ -269,16 +394,22 @@ impl Exporter<'_> {
         );
 
         let table = self.embedding_table(&mut g)?;
+        let position_table = self.position_table(&mut g)?;
         let mut x = g.scoped("embed", |g| -> Result<String> {
             let ids2 = g.unsqueeze(&ids, &[1]);
             let words = self.embed(g, &table, &ids2);
-            match cfg.absolute_position {
-                AbsolutePosition::Sinusoidal => {
-                    let pe = self.sinusoid(g, &positions);
+            let pe = match (cfg.absolute_position, &position_table) {
+                (AbsolutePosition::Sinusoidal, _) => Some(self.sinusoid(g, &positions)),
+                (AbsolutePosition::Learned, Some(t)) => Some(g.gather(t, &positions, 0)),
+                _ => None,
+            };
+            Ok(match pe {
+                Some(pe) => {
                     let pe = g.unsqueeze(&pe, &[1]);
-                    Ok(g.add(&words, &pe))
+                    g.add(&words, &pe)
                 }
-            }
+                None => words,
+            })
         })?;
 
         // The new token is always visible: present mask = past mask + a column of ones.
@@ -296,6 +427,25 @@ impl Exporter<'_> {
         );
         let self_bias = self.padding_bias(&mut g, &present_mask);
         let cross_bias = self.padding_bias(&mut g, &source_mask);
+        // A row at position p owns the last p + 1 cache columns (earlier ones are padding a
+        // batcher inserted), so column j holds position p - (len - 1 - j): the distance key -
+        // query is j - (len - 1) for every row, and one table serves the whole batch.
+        let relative_rows = self.model.decoder.layers[0]
+            .self_attn
+            .relative
+            .as_ref()
+            .map(|_| {
+                g.scoped("relative", |g| {
+                    let shape = g.op("Shape", &[&present_mask], vec![]);
+                    let one = g.int_scalar(1);
+                    let len = g.gather(&shape, &one, 0);
+                    let zero = g.int_scalar(0);
+                    let columns = g.op("Range", &[&zero, &len, &one], vec![]);
+                    let last = g.sub(&len, &one);
+                    let distances = g.sub(&columns, &last);
+                    self.relative_rows(g, &distances)
+                })
+            });
 
         for (i, layer) in self.model.decoder.layers.iter().enumerate() {
             let cross_k = g.input(&names::memory_cross_key(i), ElemType::F32, &cross_axes);
@@ -329,7 +479,21 @@ impl Exporter<'_> {
                                 vec![attr_int("axis", 2)],
                                 &present_v,
                             );
-                            self.attend(g, &layer.self_attn, h, &present_k, &present_v, &self_bias)
+                            let relative = match (&layer.self_attn.relative, &relative_rows) {
+                                (Some(tables), Some(rows)) => {
+                                    let (keys, values) = self.gather_relative(g, tables, rows)?;
+                                    Some(Relative::Step { keys, values })
+                                }
+                                _ => None,
+                            };
+                            self.attend(
+                                g,
+                                &layer.self_attn,
+                                h,
+                                (&present_k, &present_v),
+                                &self_bias,
+                                relative.as_ref(),
+                            )
                         },
                     )
                 })?;
@@ -341,7 +505,14 @@ impl Exporter<'_> {
                         cfg.norm,
                         "cross_attn_norm",
                         |g, h| {
-                            self.attend(g, &layer.cross_attn, h, &cross_k, &cross_v, &cross_bias)
+                            self.attend(
+                                g,
+                                &layer.cross_attn,
+                                h,
+                                (&cross_k, &cross_v),
+                                &cross_bias,
+                                None,
+                            )
                         },
                     )
                 })?;

@@ -16,17 +16,86 @@ pub enum NormPlacement {
 }
 
 /// Absolute position information added to the (scaled) word embeddings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AbsolutePosition {
     /// Vaswani et al.: `sin(pos / 10000^(2i/d))` on even dims, `cos` on odd dims.
+    #[default]
     Sinusoidal,
+    /// Gehring et al.: a learned vector per position, up to `max_positions`.
+    Learned,
+    /// No absolute positions (relative or recurrent models).
+    None,
+}
+
+/// Shaw et al. (2018) relative self-attention: a learned vector per clipped distance
+/// `clip(key - query, -k, k)`, shared across heads, one table per layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelativeAttention {
+    #[default]
+    None,
+    /// Learned vectors added to the keys and to the values (Shaw et al.'s full model).
+    KeysValues,
+    /// Learned vectors added to the keys only.
+    Keys,
+    /// Fixed sinusoidal vectors of the clipped distance, added to keys and values.
+    Sinusoidal,
+}
+
+/// A recurrent network that supplies position information.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecurrentPosition {
+    #[default]
+    None,
+    /// Neishi & Yoshinaga: a unidirectional GRU replaces the position-encoding layer of the
+    /// encoder and the decoder.
+    Gru,
+    /// Rosendahl et al.: a BiLSTM before the encoder, an LSTM before the decoder.
+    Lstm,
+    /// Chen et al.: a recurrent positional embedding on part of the word vector, RPEHead.
+    RpeHead,
+    /// Chen et al.: the multi-layer variant, MPRHead.
+    MprHead,
+}
+
+/// Takase & Okazaki's length encodings in the decoder, in place of its absolute positions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LengthEncoding {
+    #[default]
+    None,
+    /// Length-difference: `sin((len - pos) / 10000^(2i/d))`.
+    Ldpe,
+    /// Length-ratio: `sin(pos / len^(2i/d))`.
+    Lrpe,
+}
+
+/// The network family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Architecture {
+    #[default]
+    Transformer,
+    /// Luong et al.: bi-LSTM encoder, LSTM decoder, dot attention, input feeding.
+    RnnNmt,
+}
+
+fn default_relative_clip() -> usize {
+    16
+}
+
+fn default_max_positions() -> usize {
+    512
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Named preset this config came from (e.g. `transformer`); informational.
     pub preset: String,
+    #[serde(default)]
+    pub architecture: Architecture,
     /// Shared source/target vocabulary; embeddings and output projection are tied.
     pub vocab_size: usize,
     pub d_model: usize,
@@ -37,6 +106,18 @@ pub struct ModelConfig {
     pub dropout: f32,
     pub norm: NormPlacement,
     pub absolute_position: AbsolutePosition,
+    /// Rows of the learned position table (`absolute_position: learned`).
+    #[serde(default = "default_max_positions")]
+    pub max_positions: usize,
+    #[serde(default)]
+    pub relative_attention: RelativeAttention,
+    /// Shaw et al.'s clipping distance `k`: distances beyond ±k share a vector.
+    #[serde(default = "default_relative_clip")]
+    pub relative_clip: usize,
+    #[serde(default)]
+    pub recurrent_position: RecurrentPosition,
+    #[serde(default)]
+    pub length_encoding: LengthEncoding,
     pub layer_norm_eps: f64,
 }
 
@@ -52,21 +133,43 @@ pub enum ConfigError {
     VocabTooSmall(usize),
     #[error("dropout ({0}) must be in [0, 1)")]
     Dropout(f32),
-    #[error("unknown preset {0:?}; known presets: {known}", known = ModelConfig::PRESETS.join(", "))]
+    #[error("unknown preset {0:?}; known presets: {known} (each also as `<name>-tiny`)", known = ModelConfig::PRESETS.join(", "))]
     UnknownPreset(String),
+    #[error("invalid combination: {0}")]
+    Combination(String),
 }
 
 impl ModelConfig {
-    pub const PRESETS: &'static [&'static str] = &["transformer", "transformer-tiny"];
+    /// The papers' systems. Every one also exists as `<name>-tiny` (d_model 32, 2 heads,
+    /// 2+2 layers, no dropout), which trains in seconds for tests.
+    pub const PRESETS: &'static [&'static str] = &[
+        "transformer",
+        "transformer-learned",
+        "rel-transformer",
+        "rel-keys",
+        "rel-sinusoidal",
+        "rel-absolute",
+        "rnn-transformer",
+        "rr-transformer",
+        "lstm-pe",
+        "rpe-head",
+        "mpr-head",
+        "rnn-nmt",
+    ];
 
     /// A named preset sized for `vocab_size`.
     ///
     /// `transformer` is the shipped size: d_model 256, 4 heads, FFN 1024, 3+3 layers (the
-    /// shapes of the CTranslate2 speed anchor in DESIGN.md). `transformer-tiny` trains in
-    /// seconds and exists for tests.
+    /// shapes of the CTranslate2 speed anchor in DESIGN.md). Relative presets use Shaw et
+    /// al.'s clip distance k = 16.
     pub fn preset(name: &str, vocab_size: usize) -> Result<Self, ConfigError> {
-        let base = ModelConfig {
+        let (variant, tiny) = match name.strip_suffix("-tiny") {
+            Some(variant) => (variant, true),
+            None => (name, false),
+        };
+        let mut config = ModelConfig {
             preset: name.to_string(),
+            architecture: Architecture::Transformer,
             vocab_size,
             d_model: 256,
             num_heads: 4,
@@ -76,27 +179,66 @@ impl ModelConfig {
             dropout: 0.1,
             norm: NormPlacement::Pre,
             absolute_position: AbsolutePosition::Sinusoidal,
+            max_positions: default_max_positions(),
+            relative_attention: RelativeAttention::None,
+            relative_clip: default_relative_clip(),
+            recurrent_position: RecurrentPosition::None,
+            length_encoding: LengthEncoding::None,
             layer_norm_eps: 1e-5,
         };
-        let config = match name {
-            "transformer" => base,
-            "transformer-tiny" => ModelConfig {
-                d_model: 32,
-                num_heads: 2,
-                ffn_dim: 64,
-                encoder_layers: 2,
-                decoder_layers: 2,
-                dropout: 0.0,
-                ..base
-            },
-            other => return Err(ConfigError::UnknownPreset(other.to_string())),
+        let relative = |config: &mut ModelConfig, kind| {
+            config.relative_attention = kind;
+            config.absolute_position = AbsolutePosition::None;
         };
+        match variant {
+            "transformer" => {}
+            "transformer-learned" => config.absolute_position = AbsolutePosition::Learned,
+            "rel-transformer" => relative(&mut config, RelativeAttention::KeysValues),
+            "rel-keys" => relative(&mut config, RelativeAttention::Keys),
+            "rel-sinusoidal" => relative(&mut config, RelativeAttention::Sinusoidal),
+            "rel-absolute" => config.relative_attention = RelativeAttention::KeysValues,
+            "rnn-transformer" => {
+                config.recurrent_position = RecurrentPosition::Gru;
+                config.absolute_position = AbsolutePosition::None;
+            }
+            "rr-transformer" => {
+                config.recurrent_position = RecurrentPosition::Gru;
+                relative(&mut config, RelativeAttention::KeysValues);
+            }
+            "lstm-pe" => {
+                config.recurrent_position = RecurrentPosition::Lstm;
+                config.absolute_position = AbsolutePosition::None;
+            }
+            "rpe-head" => config.recurrent_position = RecurrentPosition::RpeHead,
+            "mpr-head" => config.recurrent_position = RecurrentPosition::MprHead,
+            "rnn-nmt" => {
+                config.architecture = Architecture::RnnNmt;
+                config.absolute_position = AbsolutePosition::None;
+                config.encoder_layers = 2;
+                config.decoder_layers = 2;
+            }
+            _ => return Err(ConfigError::UnknownPreset(name.to_string())),
+        }
+        if tiny {
+            config.d_model = 32;
+            config.num_heads = 2;
+            config.ffn_dim = 64;
+            config.encoder_layers = 2;
+            config.decoder_layers = 2;
+            config.dropout = 0.0;
+        }
         config.validate()?;
         Ok(config)
     }
 
     pub fn head_dim(&self) -> usize {
         self.d_model / self.num_heads
+    }
+
+    /// Whether the model has a longest input it can take: learned absolute positions end
+    /// at `max_positions`, and sinusoidal ones are unreliable beyond the training lengths.
+    pub fn has_absolute_positions(&self) -> bool {
+        self.absolute_position != AbsolutePosition::None
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -127,6 +269,47 @@ impl ModelConfig {
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(ConfigError::Dropout(self.dropout));
         }
+        let combination = |message: &str| Err(ConfigError::Combination(message.to_string()));
+        if self.absolute_position == AbsolutePosition::Learned && self.max_positions == 0 {
+            return Err(ConfigError::Zero {
+                field: "max_positions",
+            });
+        }
+        if self.relative_attention != RelativeAttention::None {
+            if self.relative_clip == 0 {
+                return Err(ConfigError::Zero {
+                    field: "relative_clip",
+                });
+            }
+            if self.relative_attention == RelativeAttention::Sinusoidal
+                && !self.head_dim().is_multiple_of(2)
+            {
+                return combination(
+                    "relative_attention: sinusoidal needs an even head dimension (d_model / num_heads)",
+                );
+            }
+        }
+        if matches!(
+            self.recurrent_position,
+            RecurrentPosition::Gru | RecurrentPosition::Lstm
+        ) && self.absolute_position != AbsolutePosition::None
+        {
+            return combination(
+                "recurrent_position gru or lstm replaces the position-encoding layer; \
+                 set absolute_position to none",
+            );
+        }
+        if self.architecture == Architecture::RnnNmt
+            && (self.absolute_position != AbsolutePosition::None
+                || self.relative_attention != RelativeAttention::None
+                || self.recurrent_position != RecurrentPosition::None
+                || self.length_encoding != LengthEncoding::None)
+        {
+            return combination(
+                "architecture rnn_nmt is recurrent by construction: absolute_position, \
+                 relative_attention, recurrent_position and length_encoding must all be none",
+            );
+        }
         Ok(())
     }
 
@@ -148,7 +331,7 @@ mod tests {
             ModelConfig::preset(name, 8000).unwrap();
         }
         let err = ModelConfig::preset("nope", 8000).unwrap_err();
-        assert!(err.to_string().contains("transformer-tiny"), "{err}");
+        assert!(err.to_string().contains("rel-transformer"), "{err}");
     }
 
     #[test]
@@ -162,6 +345,75 @@ mod tests {
                 num_heads: 3
             })
         );
+    }
+
+    #[test]
+    fn every_preset_has_a_tiny_twin_and_the_switches_of_its_paper() {
+        for name in ModelConfig::PRESETS {
+            let full = ModelConfig::preset(name, 8000).unwrap();
+            let tiny = ModelConfig::preset(&format!("{name}-tiny"), 8000).unwrap();
+            assert_eq!(
+                (
+                    full.relative_attention,
+                    full.recurrent_position,
+                    full.absolute_position
+                ),
+                (
+                    tiny.relative_attention,
+                    tiny.recurrent_position,
+                    tiny.absolute_position
+                ),
+                "{name}"
+            );
+            assert_eq!(tiny.d_model, 32);
+        }
+        let rel = ModelConfig::preset("rel-transformer", 8000).unwrap();
+        assert_eq!(rel.relative_attention, RelativeAttention::KeysValues);
+        assert_eq!(rel.absolute_position, AbsolutePosition::None);
+        assert_eq!(rel.relative_clip, 16);
+        let rr = ModelConfig::preset("rr-transformer", 8000).unwrap();
+        assert_eq!(rr.recurrent_position, RecurrentPosition::Gru);
+        assert_eq!(rr.relative_attention, RelativeAttention::KeysValues);
+    }
+
+    #[test]
+    fn invalid_combinations_are_refused_with_a_reason() {
+        let mut gru_with_pe = ModelConfig::preset("rnn-transformer", 8000).unwrap();
+        gru_with_pe.absolute_position = AbsolutePosition::Sinusoidal;
+        let err = gru_with_pe.validate().unwrap_err().to_string();
+        assert!(err.contains("set absolute_position to none"), "{err}");
+
+        let mut rnn_with_shaw = ModelConfig::preset("rnn-nmt", 8000).unwrap();
+        rnn_with_shaw.relative_attention = RelativeAttention::Keys;
+        let err = rnn_with_shaw.validate().unwrap_err().to_string();
+        assert!(err.contains("rnn_nmt"), "{err}");
+
+        let mut unclipped = ModelConfig::preset("rel-transformer", 8000).unwrap();
+        unclipped.relative_clip = 0;
+        assert_eq!(
+            unclipped.validate(),
+            Err(ConfigError::Zero {
+                field: "relative_clip"
+            })
+        );
+    }
+
+    #[test]
+    fn manifests_written_before_the_switches_still_load() {
+        let mut old =
+            serde_json::to_value(ModelConfig::preset("transformer", 8000).unwrap()).unwrap();
+        for field in [
+            "architecture",
+            "max_positions",
+            "relative_attention",
+            "relative_clip",
+            "recurrent_position",
+            "length_encoding",
+        ] {
+            old.as_object_mut().unwrap().remove(field);
+        }
+        let config = ModelConfig::from_json(&old.to_string()).unwrap();
+        assert_eq!(config, ModelConfig::preset("transformer", 8000).unwrap());
     }
 
     #[test]

@@ -10,7 +10,10 @@ pub mod manifest;
 pub mod names;
 pub mod special;
 
-pub use config::{AbsolutePosition, ConfigError, ModelConfig, NormPlacement};
+pub use config::{
+    AbsolutePosition, Architecture, ConfigError, LengthEncoding, ModelConfig, NormPlacement,
+    RecurrentPosition, RelativeAttention,
+};
 pub use manifest::{Dim, Limits, Manifest, ManifestError, StateSpec};
 
 /// File names inside a model package.

@@ -66,33 +66,59 @@ struct Sequence<T> {
     max_tokens: usize,
 }
 
+/// A row of the backend's batch.
+enum Row<T> {
+    Live(Sequence<T>),
+    /// A finished or cancelled row still in the backend's tensors, fed EOS at a frozen
+    /// position until the next compaction; its logits are ignored.
+    Ghost {
+        position: i64,
+    },
+}
+
+/// Rows are only physically removed once ghosts make up this fraction of the batch (or a
+/// new row joins): removal copies every memory and cache tensor, which for a large batch
+/// costs about as much as a decoder step, while a ghost costs one row of a step.
+const GHOST_FRACTION_TO_COMPACT: f64 = 0.25;
+
 /// The rows being decoded, each tagged by the caller with a `T` that says whose it is.
-/// Row `r` of the backend's rows is `sequences[r]`.
+/// Row `r` of the backend's rows is `rows[r]`.
 pub struct RunningBatch<B: Backend, T> {
-    rows: Option<B::Rows>,
-    sequences: Vec<Sequence<T>>,
+    tensors: Option<B::Rows>,
+    rows: Vec<Row<T>>,
+    live: usize,
 }
 
 impl<B: Backend, T> Default for RunningBatch<B, T> {
     fn default() -> Self {
         RunningBatch {
-            rows: None,
-            sequences: Vec::new(),
+            tensors: None,
+            rows: Vec::new(),
+            live: 0,
         }
     }
 }
 
 impl<B: Backend, T> RunningBatch<B, T> {
+    /// Sequences being decoded (ghost rows not counted).
     pub fn len(&self) -> usize {
-        self.sequences.len()
+        self.live
     }
 
     pub fn is_empty(&self) -> bool {
-        self.sequences.is_empty()
+        self.live == 0
+    }
+
+    /// Rows the backend steps, ghosts included.
+    pub fn rows(&self) -> usize {
+        self.rows.len()
     }
 
     pub fn tags(&self) -> impl Iterator<Item = &T> {
-        self.sequences.iter().map(|s| &s.tag)
+        self.rows.iter().filter_map(|row| match row {
+            Row::Live(s) => Some(&s.tag),
+            Row::Ghost { .. } => None,
+        })
     }
 
     /// Encodes `inputs` and adds them to the batch; they take their first step with the
@@ -112,17 +138,21 @@ impl<B: Backend, T> RunningBatch<B, T> {
                 .map(|(_, input)| input.source_ids.as_slice())
                 .collect();
             let new = backend.encode(&sources)?;
-            match self.rows.as_mut() {
-                Some(rows) => backend.append(rows, new)?,
-                None => self.rows = Some(new),
+            // Appending copies every tensor anyway: drop the ghosts first.
+            self.compact(backend, true)?;
+            match self.tensors.as_mut() {
+                Some(tensors) => backend.append(tensors, new)?,
+                None => self.tensors = Some(new),
             }
-            self.sequences
-                .extend(joining.into_iter().map(|(tag, input)| Sequence {
+            self.live += joining.len();
+            self.rows.extend(joining.into_iter().map(|(tag, input)| {
+                Row::Live(Sequence {
                     tag,
                     ids: Vec::with_capacity(input.max_output_tokens),
                     min_tokens: input.min_output_tokens.min(input.max_output_tokens),
                     max_tokens: input.max_output_tokens,
-                }));
+                })
+            }));
         }
         Ok(empty
             .into_iter()
@@ -136,106 +166,126 @@ impl<B: Backend, T> RunningBatch<B, T> {
             .collect())
     }
 
-    /// One decoder step for every row. Returns the sequences that finished, which have
-    /// left the batch.
+    /// One decoder step for every row. Returns the sequences that finished.
     pub fn step(
         &mut self,
         backend: &mut B,
         special: SpecialIds,
     ) -> Result<Vec<(T, DecodeOutput)>, BackendError> {
-        let Some(rows) = self.rows.as_mut() else {
+        let Some(tensors) = self.tensors.as_mut() else {
             return Ok(Vec::new());
         };
-        let target_ids: Vec<i64> = self
-            .sequences
+        let (target_ids, positions): (Vec<i64>, Vec<i64>) = self
+            .rows
             .iter()
-            .map(|s| i64::from(*s.ids.last().unwrap_or(&special.bos)))
-            .collect();
-        let positions: Vec<i64> = self.sequences.iter().map(|s| s.ids.len() as i64).collect();
-        let logits = backend.step(rows, &target_ids, &positions)?;
-        if logits.nrows() != self.sequences.len() {
+            .map(|row| match row {
+                Row::Live(s) => (
+                    i64::from(*s.ids.last().unwrap_or(&special.bos)),
+                    s.ids.len() as i64,
+                ),
+                Row::Ghost { position } => (i64::from(special.eos), *position),
+            })
+            .unzip();
+        let logits = backend.step(tensors, &target_ids, &positions)?;
+        if logits.nrows() != self.rows.len() {
             return Err(BackendError::Contract(format!(
                 "logits have {} rows for a batch of {}",
                 logits.nrows(),
-                self.sequences.len()
+                self.rows.len()
             )));
         }
-        let mut done = vec![None; self.sequences.len()];
-        for (row, sequence) in self.sequences.iter_mut().enumerate() {
+        let mut finished = Vec::new();
+        for (r, row) in self.rows.iter_mut().enumerate() {
+            let Row::Live(sequence) = row else { continue };
             let banned = (sequence.ids.len() < sequence.min_tokens).then_some(special.eos);
-            let next = argmax_except(logits.row(row), banned);
-            if next == special.eos {
-                done[row] = Some(StopReason::Eos);
+            let next = argmax_except(logits.row(r), banned);
+            let stop = if next == special.eos {
+                Some(StopReason::Eos)
             } else {
                 sequence.ids.push(next);
-                if sequence.ids.len() >= sequence.max_tokens {
-                    done[row] = Some(StopReason::MaxLength);
-                }
+                (sequence.ids.len() >= sequence.max_tokens).then_some(StopReason::MaxLength)
+            };
+            if let Some(stop) = stop {
+                let ghost = Row::Ghost {
+                    position: positions[r] + 1,
+                };
+                let Row::Live(sequence) = std::mem::replace(row, ghost) else {
+                    unreachable!("the row was live")
+                };
+                finished.push((
+                    sequence.tag,
+                    DecodeOutput {
+                        ids: sequence.ids,
+                        stop,
+                    },
+                ));
             }
         }
-        self.remove(backend, |row, _| done[row].is_some())
-            .map(|finished| {
-                finished
-                    .into_iter()
-                    .map(|(row, sequence)| {
-                        let stop = done[row].expect("finished rows have a reason");
-                        let output = DecodeOutput {
-                            ids: sequence.ids,
-                            stop,
-                        };
-                        (sequence.tag, output)
-                    })
-                    .collect()
-            })
+        self.live -= finished.len();
+        self.compact(backend, false)?;
+        Ok(finished)
     }
 
-    /// Drops the rows whose tag matches (their requests went away) and returns the tags.
+    /// Takes the rows whose tag matches out of the batch (their requests went away) and
+    /// returns the tags.
     pub fn cancel(
         &mut self,
         backend: &mut B,
         cancelled: impl Fn(&T) -> bool,
     ) -> Result<Vec<T>, BackendError> {
-        let removed = self.remove(backend, |_, sequence| cancelled(&sequence.tag))?;
-        Ok(removed.into_iter().map(|(_, s)| s.tag).collect())
+        let mut removed = Vec::new();
+        for row in self.rows.iter_mut() {
+            if matches!(row, Row::Live(s) if cancelled(&s.tag)) {
+                let Row::Live(sequence) = std::mem::replace(row, Row::Ghost { position: 0 }) else {
+                    unreachable!("the row was live")
+                };
+                if let Row::Ghost { position } = row {
+                    *position = sequence.ids.len() as i64;
+                }
+                removed.push(sequence.tag);
+            }
+        }
+        self.live -= removed.len();
+        self.compact(backend, false)?;
+        Ok(removed)
     }
 
     /// Empties the batch (after a failure) and returns the tags of the rows it held.
     pub fn clear(&mut self) -> Vec<T> {
-        self.rows = None;
-        self.sequences.drain(..).map(|s| s.tag).collect()
+        self.tensors = None;
+        self.live = 0;
+        self.rows
+            .drain(..)
+            .filter_map(|row| match row {
+                Row::Live(s) => Some(s.tag),
+                Row::Ghost { .. } => None,
+            })
+            .collect()
     }
 
-    /// Removes the rows for which `leaves(row, sequence)` holds, returning them with their
-    /// row index before removal.
-    fn remove(
-        &mut self,
-        backend: &mut B,
-        leaves: impl Fn(usize, &Sequence<T>) -> bool,
-    ) -> Result<Vec<(usize, Sequence<T>)>, BackendError> {
-        let keep: Vec<usize> = (0..self.sequences.len())
-            .filter(|&row| !leaves(row, &self.sequences[row]))
+    /// Drops the ghost rows from the backend's tensors when there are enough of them (or
+    /// any, with `always`).
+    fn compact(&mut self, backend: &mut B, always: bool) -> Result<(), BackendError> {
+        let ghosts = self.rows.len() - self.live;
+        if ghosts == 0 {
+            return Ok(());
+        }
+        if self.live == 0 {
+            self.tensors = None;
+            self.rows.clear();
+            return Ok(());
+        }
+        if !always && (ghosts as f64) < GHOST_FRACTION_TO_COMPACT * self.rows.len() as f64 {
+            return Ok(());
+        }
+        let keep: Vec<usize> = (0..self.rows.len())
+            .filter(|&r| matches!(self.rows[r], Row::Live(_)))
             .collect();
-        if keep.len() == self.sequences.len() {
-            return Ok(Vec::new());
+        if let Some(tensors) = self.tensors.as_mut() {
+            backend.retain_rows(tensors, &keep)?;
         }
-        if keep.is_empty() {
-            self.rows = None;
-        } else if let Some(rows) = self.rows.as_mut() {
-            backend.retain_rows(rows, &keep)?;
-        }
-        let mut removed = Vec::new();
-        let mut kept = Vec::with_capacity(keep.len());
-        let mut keep_iter = keep.iter().peekable();
-        for (row, sequence) in self.sequences.drain(..).enumerate() {
-            if keep_iter.peek() == Some(&&row) {
-                keep_iter.next();
-                kept.push(sequence);
-            } else {
-                removed.push((row, sequence));
-            }
-        }
-        self.sequences = kept;
-        Ok(removed)
+        self.rows.retain(|row| matches!(row, Row::Live(_)));
+        Ok(())
     }
 }
 
@@ -292,6 +342,7 @@ pub(crate) mod testing {
         sources: Vec<Vec<i64>>,
         /// Tokens fed so far, per row (the "KV cache").
         cache: Vec<Vec<i64>>,
+        ghost: Vec<bool>,
     }
 
     #[derive(Default)]
@@ -311,6 +362,7 @@ pub(crate) mod testing {
             Ok(CopyRows {
                 sources: sources.iter().map(|s| s.to_vec()).collect(),
                 cache: vec![Vec::new(); sources.len()],
+                ghost: vec![false; sources.len()],
             })
         }
 
@@ -330,6 +382,11 @@ pub(crate) mod testing {
             self.step_sizes.push(n);
             let mut logits = Array2::zeros((n, VOCAB));
             for r in 0..n {
+                // A row fed EOS is a ghost (finished, awaiting compaction): nothing to check.
+                if target_ids[r] == i64::from(SPECIAL.eos) || rows.ghost[r] {
+                    rows.ghost[r] = true;
+                    continue;
+                }
                 let p = positions[r] as usize;
                 let source = &rows.sources[r];
                 // The cache holds exactly the tokens fed at positions 0..p; while the row
@@ -358,19 +415,23 @@ pub(crate) mod testing {
         fn append(&mut self, rows: &mut CopyRows, new: CopyRows) -> Result<(), BackendError> {
             rows.sources.extend(new.sources);
             rows.cache.extend(new.cache);
+            rows.ghost.extend(new.ghost);
             Ok(())
         }
 
         fn retain_rows(&mut self, rows: &mut CopyRows, keep: &[usize]) -> Result<(), BackendError> {
             rows.sources = keep.iter().map(|&r| rows.sources[r].clone()).collect();
             rows.cache = keep.iter().map(|&r| rows.cache[r].clone()).collect();
+            rows.ghost = keep.iter().map(|&r| rows.ghost[r]).collect();
             Ok(())
         }
     }
 
+    use model_package::ModelConfig;
+
     /// A manifest describing the dev package (two states: a 4-D KV cache and a 2-D mask).
     pub fn manifest() -> model_package::Manifest {
-        use model_package::{Dim, Limits, ModelConfig, StateSpec};
+        use model_package::{Dim, Limits, StateSpec};
         model_package::Manifest {
             format_version: model_package::manifest::FORMAT_VERSION,
             name: "dev-copy".into(),
@@ -401,32 +462,46 @@ pub(crate) mod testing {
         }
     }
 
-    /// The service around a copy backend, as `nmt-server` builds it, marked ready.
+    /// The service around two copy models, as `nmt-server` builds it, marked ready:
+    /// `dev-copy` (the default, no input limit of its own) and `dev-copy-abs`, which
+    /// declares that it takes at most 3 subword tokens (like a model with absolute
+    /// positions).
     pub fn infer(
         backend: CopyBackend,
         limits: crate::infer::RequestLimits,
         scheduler: crate::scheduler::SchedulerConfig,
     ) -> crate::infer::Infer {
         let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
-        let (translator, _worker) = crate::scheduler::Translator::spawn(
-            backend,
-            SPECIAL,
-            scheduler,
-            metrics.worker("dev-copy"),
-        )
-        .expect("worker thread");
-        let model = crate::infer::Model {
-            name: "dev-copy".into(),
-            preset: "transformer-tiny".into(),
-            source_language: "en".into(),
-            target_language: "es".into(),
-            codec: crate::package::TextCodec::new(tokenizer()),
-            translator,
-            eos_id: SPECIAL.eos,
-            max_source_tokens: None,
-            max_target_tokens: 64,
+        let model = |name: &str, backend, max_source_tokens, preset: &str| {
+            let (translator, _worker) = crate::scheduler::Translator::spawn(
+                backend,
+                SPECIAL,
+                scheduler.clone(),
+                metrics.worker(name),
+            )
+            .expect("worker thread");
+            crate::infer::Model {
+                name: name.into(),
+                config: ModelConfig::preset(preset, VOCAB).unwrap(),
+                source_language: "en".into(),
+                target_language: "es".into(),
+                codec: crate::package::TextCodec::new(tokenizer()),
+                translator,
+                eos_id: SPECIAL.eos,
+                max_source_tokens,
+                max_target_tokens: 64,
+            }
         };
-        let infer = crate::infer::Infer::new(vec![model], "dev-copy", limits, metrics).unwrap();
+        let models = vec![
+            model("dev-copy", backend, None, "rel-transformer-tiny"),
+            model(
+                "dev-copy-abs",
+                CopyBackend::default(),
+                Some(3),
+                "transformer-tiny",
+            ),
+        ];
+        let infer = crate::infer::Infer::new(models, "dev-copy", limits, metrics).unwrap();
         infer.set_ready(true);
         infer
     }
@@ -564,6 +639,21 @@ mod tests {
             ]
         );
         assert_eq!(backend.step_sizes, vec![1, 1, 2, 2, 1, 1]);
+    }
+
+    #[test]
+    fn finished_rows_stay_as_ghosts_until_a_quarter_of_the_batch_is_done() {
+        let mut backend = CopyBackend::default();
+        // Text i has i + 1 words and gives EOS at step i + 2.
+        let inputs: Vec<DecodeInput> = (0..8)
+            .map(|i| input(&(4..5 + i as i64).collect::<Vec<_>>(), 20))
+            .collect();
+        let out = greedy_decode(&mut backend, SPECIAL, &inputs).unwrap();
+        for (i, o) in out.iter().enumerate() {
+            assert_eq!(o.ids, (4..5 + i as u32).collect::<Vec<_>>());
+        }
+        // 8 rows until two are done (step 3), then compactions as ghosts reach a quarter.
+        assert_eq!(backend.step_sizes, vec![8, 8, 8, 6, 6, 4, 3, 2, 1]);
     }
 
     #[test]

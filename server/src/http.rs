@@ -1,4 +1,5 @@
-//! The HTTP API: `POST /translate`, `GET /health`, `/ready`, `/metrics`, `/openapi.json`.
+//! The HTTP API: `POST /translate`, `GET /models`, `/health`, `/ready`, `/metrics`,
+//! `/openapi.json`.
 //!
 //! Handlers only convert JSON to and from the transport-neutral types of [`crate::infer`].
 //! One middleware gives every request an id (from `x-request-id`, or a new UUID), runs it in
@@ -32,6 +33,7 @@ pub fn app(infer: Infer) -> Router {
         .route("/translate", post(translate))
         .route("/health", get(health))
         .route("/ready", get(ready))
+        .route("/models", get(models))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .fallback(not_found)
@@ -235,6 +237,13 @@ async fn ready(State(infer): State<Infer>) -> Result<Json<serde_json::Value>, Ap
                 .into(),
         ))
     }
+}
+
+async fn models(State(infer): State<Infer>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "default": infer.default_model(),
+        "models": infer.model_infos(),
+    }))
 }
 
 async fn metrics(State(infer): State<Infer>) -> Response {
@@ -520,6 +529,48 @@ mod tests {
             (StatusCode::INTERNAL_SERVER_ERROR, "internal")
         );
         assert!(message.contains("injected failure"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn models_are_listed_with_their_variant_and_limits() {
+        let request = Request::get("/models").body(Body::empty()).unwrap();
+        let (status, json) = send(app(state_with(CopyBackend::default())), request).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        assert_eq!(json["default"], "dev-copy");
+        let models = json["models"].as_array().unwrap();
+        assert_eq!(models.len(), 2);
+        let (rel, abs) = (&models[0], &models[1]);
+        assert_eq!(rel["name"], "dev-copy");
+        assert_eq!(rel["default"], true);
+        assert_eq!(rel["variant"]["relative_attention"], "keys_values");
+        assert_eq!(rel["variant"]["absolute_position"], "none");
+        assert_eq!(rel["limits"]["max_input_tokens"], 5);
+        assert_eq!(rel["limits"]["input_limit_from"], "server");
+        assert_eq!(abs["variant"]["absolute_position"], "sinusoidal");
+        assert_eq!(abs["limits"]["max_input_tokens"], 3);
+        assert_eq!(abs["limits"]["input_limit_from"], "model");
+    }
+
+    #[tokio::test]
+    async fn a_request_picks_its_model_and_meets_that_models_limit() {
+        let (status, json) =
+            post(r#"{"text": "one two three four", "model": "dev-copy-abs"}"#).await;
+        let (status, ty, message) = error_of(status, json);
+        assert_eq!(
+            (status, ty.as_str()),
+            (StatusCode::PAYLOAD_TOO_LARGE, "input_too_long")
+        );
+        assert!(
+            message.contains("the limit is 3 (the longest input model `dev-copy-abs` can take)"),
+            "{message}"
+        );
+        let (status, json) = post(r#"{"text": "one two three four"}"#).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        assert_eq!(json["model"], "dev-copy");
+        let (status, json) = post(r#"{"text": "one two", "model": "dev-copy-abs"}"#).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        assert_eq!(json["model"], "dev-copy-abs");
+        assert_eq!(json["translations"][0]["text"], "one two");
     }
 
     #[tokio::test]

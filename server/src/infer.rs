@@ -80,7 +80,8 @@ pub struct TranslateResponse {
 /// One served model: its tokenizer, its worker and its limits.
 pub struct Model {
     pub name: String,
-    pub preset: String,
+    /// The model's architecture and position switches (the manifest's `config`).
+    pub config: model_package::ModelConfig,
     pub source_language: String,
     pub target_language: String,
     pub codec: TextCodec,
@@ -91,6 +92,56 @@ pub struct Model {
     pub max_source_tokens: Option<usize>,
     /// The model's own output bound (manifest `limits.max_target_tokens`).
     pub max_target_tokens: usize,
+}
+
+/// One entry of `GET /models`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub default: bool,
+    pub source_language: String,
+    pub target_language: String,
+    pub variant: Variant,
+    pub limits: ModelLimits,
+}
+
+/// How a model knows positions (the preset and its switches).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Variant {
+    pub preset: String,
+    pub architecture: model_package::Architecture,
+    pub absolute_position: model_package::AbsolutePosition,
+    pub relative_attention: model_package::RelativeAttention,
+    pub recurrent_position: model_package::RecurrentPosition,
+    pub length_encoding: model_package::LengthEncoding,
+}
+
+/// The limits a request to this model meets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelLimits {
+    /// Most subword tokens per input text.
+    pub max_input_tokens: usize,
+    /// Whether that limit is the model's own (absolute positions) or the server's.
+    pub input_limit_from: LimitSource,
+    /// Most subword tokens generated per text.
+    pub max_output_tokens: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitSource {
+    Model,
+    Server,
+}
+
+impl Model {
+    /// The input limit that applies, and where it comes from.
+    fn input_limit(&self, limits: &RequestLimits) -> (usize, LimitSource) {
+        match self.max_source_tokens {
+            Some(m) if m < limits.max_input_tokens => (m, LimitSource::Model),
+            _ => (limits.max_input_tokens, LimitSource::Server),
+        }
+    }
 }
 
 /// A request that passed every check.
@@ -166,6 +217,38 @@ impl Infer {
         self.inner.models.values()
     }
 
+    /// What `GET /models` lists: every model, its variant and the limits its requests meet.
+    pub fn model_infos(&self) -> Vec<ModelInfo> {
+        let limits = &self.inner.limits;
+        self.inner
+            .models
+            .values()
+            .map(|m| {
+                let (max_input_tokens, input_limit_from) = m.input_limit(limits);
+                let c = &m.config;
+                ModelInfo {
+                    name: m.name.clone(),
+                    default: m.name == self.inner.default_model,
+                    source_language: m.source_language.clone(),
+                    target_language: m.target_language.clone(),
+                    variant: Variant {
+                        preset: c.preset.clone(),
+                        architecture: c.architecture,
+                        absolute_position: c.absolute_position,
+                        relative_attention: c.relative_attention,
+                        recurrent_position: c.recurrent_position,
+                        length_encoding: c.length_encoding,
+                    },
+                    limits: ModelLimits {
+                        max_input_tokens,
+                        input_limit_from,
+                        max_output_tokens: limits.max_output_tokens.min(m.max_target_tokens),
+                    },
+                }
+            })
+            .collect()
+    }
+
     /// Ready means every model answered a warm-up translation and the server is not
     /// shutting down.
     pub fn is_ready(&self) -> bool {
@@ -182,7 +265,8 @@ impl Infer {
         for name in self.inner.models.keys() {
             let started = Instant::now();
             self.run(TranslateRequest {
-                texts: vec!["In the beginning.".into()],
+                // Short enough for any model's input limit.
+                texts: vec!["Hello.".into()],
                 model: Some(name.clone()),
                 target_length: None,
             })
@@ -238,12 +322,10 @@ impl Infer {
                 model.name
             )));
         }
-        let (input_limit, limit_name) = match model.max_source_tokens {
-            Some(m) if m < limits.max_input_tokens => (
-                m,
-                format!("the longest input model `{}` can take", model.name),
-            ),
-            _ => (limits.max_input_tokens, "--max-input-tokens".to_string()),
+        let (input_limit, source) = model.input_limit(limits);
+        let limit_name = match source {
+            LimitSource::Model => format!("the longest input model `{}` can take", model.name),
+            LimitSource::Server => "--max-input-tokens".to_string(),
         };
         let mut valid = ValidRequest {
             model,

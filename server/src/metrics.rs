@@ -147,7 +147,7 @@ impl Metrics {
             batch_size: histogram(
                 &r,
                 "nmt_batch_size",
-                "Rows in the decoder batch at each step.",
+                "Rows in the decoder batch at each step (finished rows awaiting compaction included).",
                 BATCH_BUCKETS,
                 &["model"],
             ),

@@ -241,7 +241,7 @@ impl<B: Backend> Worker<B> {
         if self.batch.is_empty() {
             return;
         }
-        self.metrics.batch_size.observe(self.batch.len() as f64);
+        self.metrics.batch_size.observe(self.batch.rows() as f64);
         self.metrics
             .sequences_in_flight
             .set(self.batch.len() as i64);

@@ -33,13 +33,21 @@ pub enum LogFormat {
 #[derive(Clone, Debug, Parser)]
 #[command(name = "nmt-server", version, about, long_about)]
 pub struct Args {
-    /// Model package directory (manifest.json, tokenizer.json, encoder.onnx, decoder.onnx).
+    /// Model package directories (manifest.json, tokenizer.json, encoder.onnx,
+    /// decoder.onnx): repeat the flag or separate with commas to serve several models; a
+    /// request picks one by its manifest name with `"model"`. Each model gets its own worker
+    /// thread and batch.
     #[arg(
         long,
         env = "NMT_MODEL_DIR",
+        value_delimiter = ',',
         default_value = "models/en-es-transformer"
     )]
-    pub model_dir: PathBuf,
+    pub model_dir: Vec<PathBuf>,
+
+    /// The model that answers requests naming none (default: the first `--model-dir`).
+    #[arg(long, env = "NMT_DEFAULT_MODEL")]
+    pub default_model: Option<String>,
 
     /// Address to listen on (HTTP and gRPC).
     #[arg(long, env = "NMT_HOST", default_value = "127.0.0.1")]
@@ -71,8 +79,10 @@ pub struct Args {
     #[arg(long, env = "NMT_BATCHING", value_enum, default_value_t = Batching::Continuous)]
     pub batching: Batching,
 
-    /// Most texts decoded together in the running batch.
-    #[arg(long, env = "NMT_MAX_BATCH_SIZE", default_value_t = 64)]
+    /// Most texts decoded together in the running batch. On a 2-core CPU, 32 gave the most
+    /// target tokens/s at 64 clients (2739, against 2654 with 16 and 1610 with 64: a large
+    /// batch pads every row's cache to its longest-lived row; docs/benchmarks/batching.md).
+    #[arg(long, env = "NMT_MAX_BATCH_SIZE", default_value_t = 32)]
     pub max_batch_size: usize,
 
     /// Most tokens in the running batch, counting each text's source and output budget: bounds
@@ -135,7 +145,7 @@ impl Args {
     /// The defaults, with `model_dir` (for tests and embedding).
     pub fn for_model(model_dir: impl Into<PathBuf>) -> Self {
         let mut args = Args::parse_from(["nmt-server"]);
-        args.model_dir = model_dir.into();
+        args.model_dir = vec![model_dir.into()];
         args
     }
 
@@ -165,14 +175,60 @@ pub fn init_tracing(format: LogFormat) {
     };
 }
 
-/// Loads ONNX Runtime and the model package and starts the model worker. The service is
-/// not ready until [`Infer::warm_up`]. Blocking (reads and optimises the graphs).
+/// Loads ONNX Runtime and every model package and starts one model worker per package. The
+/// service is not ready until [`Infer::warm_up`]. Blocking (reads and optimises the graphs).
 pub fn load(args: &Args) -> anyhow::Result<Infer> {
     let env = onnx::environment(args.ort_dylib_path.as_deref())?;
-    let package = ModelPackage::load(&args.model_dir)?;
+    let metrics = Arc::new(Metrics::new());
+    let scheduler = SchedulerConfig {
+        batching: args.batching,
+        max_batch_size: args.max_batch_size.max(1),
+        max_batch_tokens: args.max_batch_tokens.max(1),
+        max_queued_requests: args.max_queued_requests.max(1),
+    };
+    let mut models: Vec<Model> = Vec::new();
+    for dir in &args.model_dir {
+        let model = load_model(&env, dir, args, &scheduler, &metrics)?;
+        if models.iter().any(|m| m.name == model.name) {
+            anyhow::bail!(
+                "two model packages are named `{}` (the second in {}); names must be unique",
+                model.name,
+                dir.display()
+            );
+        }
+        models.push(model);
+    }
+    let default = match &args.default_model {
+        Some(name) => name.clone(),
+        None => models
+            .first()
+            .map(|m| m.name.clone())
+            .context("no --model-dir given")?,
+    };
+    let limits = RequestLimits {
+        max_texts_per_request: args.max_texts_per_request,
+        max_input_tokens: args.max_input_tokens,
+        max_output_tokens: args.max_output_tokens,
+        max_body_bytes: args.max_body_bytes,
+        max_length_ratio: args.max_length_ratio,
+        max_length_offset: args.max_length_offset,
+        request_timeout: Args::seconds(args.request_timeout, "request-timeout")?,
+    };
+    Infer::new(models, &default, limits, metrics)
+}
+
+/// One package: checked, its sessions opened, its worker thread started.
+fn load_model(
+    env: &ort::environment::Environment,
+    dir: &std::path::Path,
+    args: &Args,
+    scheduler: &SchedulerConfig,
+    metrics: &Metrics,
+) -> anyhow::Result<Model> {
+    let package = ModelPackage::load(dir)?;
     let manifest = &package.manifest;
     let backend = OrtBackend::load(
-        &env,
+        env,
         &package.dir,
         manifest,
         &SessionOptions {
@@ -181,13 +237,6 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
         },
     )?;
     let execution_provider = backend.execution_provider();
-    let metrics = Arc::new(Metrics::new());
-    let scheduler = SchedulerConfig {
-        batching: args.batching,
-        max_batch_size: args.max_batch_size.max(1),
-        max_batch_tokens: args.max_batch_tokens.max(1),
-        max_queued_requests: args.max_queued_requests.max(1),
-    };
     let special = SpecialIds {
         bos: manifest.bos_id,
         eos: manifest.eos_id,
@@ -210,9 +259,9 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
         max_batch_size = scheduler.max_batch_size,
         "model loaded"
     );
-    let model = Model {
+    Ok(Model {
         name: manifest.name.clone(),
-        preset: manifest.config.preset.clone(),
+        config: manifest.config.clone(),
         source_language: manifest.source_language.clone(),
         target_language: manifest.target_language.clone(),
         codec: TextCodec::new(package.tokenizer),
@@ -224,18 +273,7 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
             .max_source_tokens
             .map(|m| m.saturating_sub(1)),
         max_target_tokens: manifest.limits.max_target_tokens,
-    };
-    let limits = RequestLimits {
-        max_texts_per_request: args.max_texts_per_request,
-        max_input_tokens: args.max_input_tokens,
-        max_output_tokens: args.max_output_tokens,
-        max_body_bytes: args.max_body_bytes,
-        max_length_ratio: args.max_length_ratio,
-        max_length_offset: args.max_length_offset,
-        request_timeout: Args::seconds(args.request_timeout, "request-timeout")?,
-    };
-    let name = model.name.clone();
-    Infer::new(vec![model], &name, limits, metrics)
+    })
 }
 
 /// Loads the model, binds, prints `listening on http://ADDR` then `grpc listening on ADDR`

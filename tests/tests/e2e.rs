@@ -484,7 +484,7 @@ async fn prometheus_scrapes_latency_by_input_length() {
     // Short and long texts land in different input-length buckets; one bad request.
     let short = json!({"text": ["Jonah prayed.", "Ruth wept."]});
     let long = json!({"text": "And it happened in the days when the judges judged, that there was a famine in the land."});
-    // The warm-up translation ("In the beginning.", a few pieces) counts as one request.
+    // The warm-up translation ("Hello.", a few pieces) counts as one request.
     let mut expected = std::collections::BTreeMap::from([("1-16".to_string(), 1.0)]);
     for body in [&short, &long, &short] {
         let response = post_translate(&client, &server, body).await;
