@@ -8,7 +8,7 @@
 
 use ndarray::Array2;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum BackendError {
     /// The runtime failed while running a graph.
     #[error("inference failed: {0}")]

@@ -114,13 +114,6 @@ impl<B: Backend, T> RunningBatch<B, T> {
         self.rows.len()
     }
 
-    pub fn tags(&self) -> impl Iterator<Item = &T> {
-        self.rows.iter().filter_map(|row| match row {
-            Row::Live(s) => Some(&s.tag),
-            Row::Ghost { .. } => None,
-        })
-    }
-
     /// Encodes `inputs` and adds them to the batch; they take their first step with the
     /// next [`RunningBatch::step`]. Inputs with a zero budget finish at once and are
     /// returned.
@@ -235,13 +228,14 @@ impl<B: Backend, T> RunningBatch<B, T> {
     ) -> Result<Vec<T>, BackendError> {
         let mut removed = Vec::new();
         for row in self.rows.iter_mut() {
-            if matches!(row, Row::Live(s) if cancelled(&s.tag)) {
-                let Row::Live(sequence) = std::mem::replace(row, Row::Ghost { position: 0 }) else {
+            let Row::Live(sequence) = row else { continue };
+            if cancelled(&sequence.tag) {
+                let ghost = Row::Ghost {
+                    position: sequence.ids.len() as i64,
+                };
+                let Row::Live(sequence) = std::mem::replace(row, ghost) else {
                     unreachable!("the row was live")
                 };
-                if let Row::Ghost { position } = row {
-                    *position = sequence.ids.len() as i64;
-                }
                 removed.push(sequence.tag);
             }
         }

@@ -395,7 +395,7 @@ impl Infer {
     async fn run(&self, request: TranslateRequest) -> Result<TranslateResponse, ApiError> {
         let arrived = Instant::now();
         let timeout = self.inner.limits.request_timeout;
-        let valid = self.validate(request)?;
+        let mut valid = self.validate(request)?;
         let model = valid.model;
         let bucket = valid.input_length_bucket();
         let metrics = &self.inner.metrics;
@@ -406,7 +406,8 @@ impl Infer {
                 .with_label_values(&[&model.name])
                 .observe(n as f64);
         }
-        let inputs = valid.inputs.clone();
+        // The worker owns the inputs; the answer needs only the counts and targets.
+        let inputs = std::mem::take(&mut valid.inputs);
         let remaining = timeout.saturating_sub(arrived.elapsed());
         let outcome = tokio::time::timeout(remaining, model.translator.translate(inputs)).await;
         let result = match outcome {

@@ -18,7 +18,7 @@ impl ModelPackage {
     pub fn load(dir: &Path) -> anyhow::Result<Self> {
         if !dir.is_dir() {
             bail!(
-                "model package directory {} does not exist (set --model-dir or MODEL_DIR)",
+                "model package directory {} does not exist (set --model-dir or NMT_MODEL_DIR)",
                 dir.display()
             );
         }

@@ -25,8 +25,7 @@ use tracing::Span;
 use crate::backend::{Backend, BackendError};
 use crate::decode::{DecodeInput, DecodeOutput, RunningBatch, SpecialIds};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Batching {
     /// Requests join the running decoder batch between steps.
     Continuous,
@@ -408,7 +407,7 @@ impl<B: Backend> Worker<B> {
                 .map(|(_, b)| b)
                 .sum();
             self.batch_tokens = self.batch_tokens.saturating_sub(budget);
-            let _ = job.reply.send(Err(clone_error(error)));
+            let _ = job.reply.send(Err(error.clone()));
         }
     }
 
@@ -423,13 +422,6 @@ impl<B: Backend> Worker<B> {
             self.fail_job(id, &error);
         }
         self.batch_tokens = 0;
-    }
-}
-
-fn clone_error(error: &BackendError) -> BackendError {
-    match error {
-        BackendError::Inference(m) => BackendError::Inference(m.clone()),
-        BackendError::Contract(m) => BackendError::Contract(m.clone()),
     }
 }
 

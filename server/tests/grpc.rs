@@ -129,12 +129,8 @@ async fn a_target_length_is_met_and_reported() {
 async fn errors_map_to_grpc_codes_and_are_counted() {
     let mut client = client().await;
     let infer = state();
-    let model = infer.models().next().unwrap();
-    let input_limit = model
-        .max_source_tokens
-        .map_or(infer.limits().max_input_tokens, |m| {
-            m.min(infer.limits().max_input_tokens)
-        });
+    // The limit `GET /models` reports: the model's own or the server's, whichever is lower.
+    let input_limit = infer.model_infos()[0].limits.max_input_tokens;
     let too_long = "the ".repeat(input_limit + 1);
     let oversized = "a".repeat(infer.limits().max_body_bytes + 1);
     let cases = [

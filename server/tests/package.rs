@@ -270,12 +270,8 @@ fn a_manifest_that_disagrees_with_the_graphs_is_rejected() {
 #[tokio::test]
 async fn inputs_over_the_limit_are_refused_before_the_model() {
     let infer = state();
-    let model = infer.models().next().unwrap();
-    let limit = model
-        .max_source_tokens
-        .map_or(infer.limits().max_input_tokens, |m| {
-            m.min(infer.limits().max_input_tokens)
-        });
+    // The limit `GET /models` reports: the model's own or the server's, whichever is lower.
+    let limit = infer.model_infos()[0].limits.max_input_tokens;
     let text = "the ".repeat(limit + 1);
     let (status, json) = post_translate(serde_json::json!({"text": ["Jesus wept.", text]})).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{json}");
