@@ -29,6 +29,7 @@ impl From<usize> for Axis {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ElemType {
     F32,
+    I32,
     I64,
 }
 
@@ -36,6 +37,7 @@ impl ElemType {
     fn code(self) -> i32 {
         match self {
             ElemType::F32 => data_type::FLOAT,
+            ElemType::I32 => data_type::INT32,
             ElemType::I64 => data_type::INT64,
         }
     }
@@ -55,6 +57,15 @@ pub fn attr_ints(name: &str, values: &[i64]) -> AttributeProto {
         name: name.into(),
         ints: values.to_vec(),
         r#type: attribute_type::INTS,
+        ..Default::default()
+    }
+}
+
+pub fn attr_string(name: &str, value: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        s: value.as_bytes().to_vec(),
+        r#type: attribute_type::STRING,
         ..Default::default()
     }
 }
@@ -224,6 +235,38 @@ impl Graph {
             attribute: attributes,
             domain: String::new(),
         });
+    }
+
+    /// Appends one node with `outputs` outputs (ONNX's `GRU`/`LSTM` give the sequence and
+    /// the final states) and returns their names. An empty input name is an omitted
+    /// optional input.
+    pub fn op_outputs(
+        &mut self,
+        op_type: &str,
+        inputs: &[&str],
+        attributes: Vec<AttributeProto>,
+        outputs: usize,
+    ) -> Vec<String> {
+        let names: Vec<String> = (0..outputs)
+            .map(|i| self.fresh(&format!("{}_out{i}", op_type.to_lowercase())))
+            .collect();
+        self.nodes.push(NodeProto {
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: names.clone(),
+            name: format!("{}.node", names[0]),
+            op_type: op_type.into(),
+            attribute: attributes,
+            domain: String::new(),
+        });
+        names
+    }
+
+    /// `x[.., start..end]` on `axis`.
+    pub fn slice(&mut self, x: &str, axis: i64, start: i64, end: i64) -> String {
+        let starts = self.ints(&[start]);
+        let ends = self.ints(&[end]);
+        let axes = self.ints(&[axis]);
+        self.op("Slice", &[x, &starts, &ends, &axes], vec![])
     }
 
     pub fn add(&mut self, a: &str, b: &str) -> String {

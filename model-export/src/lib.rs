@@ -3,6 +3,8 @@
 
 pub mod graph;
 pub mod proto;
+pub mod recurrent;
+pub mod rnn_nmt;
 pub mod transformer;
 
 use std::path::{Path, PathBuf};
@@ -10,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::Device;
 use model_package::{files, special, AbsolutePosition, Limits, Manifest};
+use nmt_train::model::{Model, Seq2Seq};
 use prost::Message;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -66,7 +69,7 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
         .map(|v| v as usize);
     // Absolute positions are only trustworthy up to the training lengths (and a learned
     // table ends at max_positions); relative models declare no limit of their own.
-    let config = &model.config;
+    let config = model.config();
     let max_source_tokens = match config.absolute_position {
         AbsolutePosition::None => args.max_source_tokens,
         AbsolutePosition::Sinusoidal => args.max_source_tokens.or(training_max_len),
@@ -78,7 +81,10 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
     };
 
     std::fs::create_dir_all(&args.out)?;
-    let (encoder, decoder) = transformer::export(&model)?;
+    let ((encoder, decoder), decoder_state) = match &model {
+        Model::Transformer(m) => (transformer::export(m)?, transformer::decoder_state(m)),
+        Model::RnnNmt(m) => (rnn_nmt::export(m)?, rnn_nmt::decoder_state(m)),
+    };
     write_onnx(&args.out.join(files::ENCODER), &encoder)?;
     write_onnx(&args.out.join(files::DECODER), &decoder)?;
     std::fs::copy(&tokenizer, args.out.join(files::TOKENIZER))
@@ -92,12 +98,12 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
         name: args.name.clone(),
         source_language: args.source_language.clone(),
         target_language: args.target_language.clone(),
-        config: model.config.clone(),
+        config: config.clone(),
         pad_id: special::PAD,
         bos_id: special::BOS,
         eos_id: special::EOS,
         unk_id: special::UNK,
-        decoder_state: transformer::decoder_state(&model.config),
+        decoder_state,
         limits: Limits {
             max_source_tokens,
             max_target_tokens: args.max_target_tokens,

@@ -14,12 +14,14 @@ pub const OPSET: i64 = 17;
 
 pub mod data_type {
     pub const FLOAT: i32 = 1;
+    pub const INT32: i32 = 6;
     pub const INT64: i32 = 7;
 }
 
 pub mod attribute_type {
     pub const FLOAT: i32 = 1;
     pub const INT: i32 = 2;
+    pub const STRING: i32 = 3;
     pub const TENSOR: i32 = 4;
     pub const INTS: i32 = 7;
 }
@@ -98,6 +100,8 @@ pub struct AttributeProto {
     pub f: f32,
     #[prost(int64, tag = "3")]
     pub i: i64,
+    #[prost(bytes = "vec", tag = "4")]
+    pub s: Vec<u8>,
     #[prost(message, optional, tag = "5")]
     pub t: Option<TensorProto>,
     #[prost(int64, repeated, packed = "false", tag = "8")]

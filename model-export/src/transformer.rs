@@ -9,21 +9,22 @@ use candle_core::Tensor;
 use candle_nn::Linear;
 use model_package::{names, AbsolutePosition, Dim, ModelConfig, NormPlacement, StateSpec};
 use nmt_train::model::{
-    sinusoid_inverse_frequencies, Attention, FeedForward, LayerNorm, RelativeTables, Transformer,
-    MASKED_SCORE,
+    sinusoid_inverse_frequencies, Attention, FeedForward, LayerNorm, PositionEncoder,
+    RelativeTables, Transformer, MASKED_SCORE,
 };
+use nmt_train::recurrent::{Cell, Rnn};
 
 use crate::graph::{attr_int, Axis, ElemType, Graph};
 use crate::proto::ModelProto;
 
 type Result<T> = candle_core::Result<T>;
 
-fn values(t: &Tensor) -> Result<Vec<f32>> {
+pub(crate) fn values(t: &Tensor) -> Result<Vec<f32>> {
     t.flatten_all()?.to_vec1::<f32>()
 }
 
 /// `x @ W^T + b` (candle stores `W` as `[out, in]`; the graph gets `W^T`).
-fn linear(g: &mut Graph, layer: &Linear, x: &str, hint: &str) -> Result<String> {
+pub(crate) fn linear(g: &mut Graph, layer: &Linear, x: &str, hint: &str) -> Result<String> {
     let w = layer.weight().t()?.contiguous()?;
     let (fan_in, fan_out) = w.dims2()?;
     let w = g.weight(&format!("{hint}.weight"), &[fan_in, fan_out], &values(&w)?);
@@ -79,6 +80,50 @@ enum Relative {
         keys: String,
         values: Option<String>,
     },
+}
+
+/// The shared embedding table `[vocab, d]` as an initializer.
+pub(crate) fn embedding_table(g: &mut Graph, embed: &Tensor) -> Result<String> {
+    let (v, d) = embed.dims2()?;
+    Ok(g.weight("embed.weight", &[v, d], &values(embed)?))
+}
+
+/// Scaled embeddings of `ids` (any shape `[..]`) -> `[.., d]`.
+pub(crate) fn embed(g: &mut Graph, table: &str, ids: &str, d_model: usize) -> String {
+    let x = g.gather(table, ids, 0);
+    let scale = g.float_scalar((d_model as f32).sqrt());
+    g.mul(&x, &scale)
+}
+
+/// `[batch, len]` 1/0 mask -> the same shape of additive bias: 0, or [`MASKED_SCORE`] at
+/// padding.
+pub(crate) fn padding_bias(g: &mut Graph, mask: &str) -> String {
+    let one = g.float_scalar(1.0);
+    let shifted = g.sub(mask, &one);
+    let big = g.float_scalar(-MASKED_SCORE as f32);
+    g.mul(&shifted, &big)
+}
+
+/// `[batch]` int32 count of the real positions of each row of a 1/0 `mask` (the
+/// `sequence_lens` of ONNX's recurrent ops).
+pub(crate) fn sequence_lens(g: &mut Graph, mask: &str) -> String {
+    g.scoped("sequence_lens", |g| {
+        let axes = g.ints(&[1]);
+        let lens = g.op("ReduceSum", &[mask, &axes], vec![attr_int("keepdims", 0)]);
+        g.cast(&lens, ElemType::I32)
+    })
+}
+
+/// The step graph's final projection: logits `[batch, vocab]` from `x` `[batch, d]`
+/// through the tied embeddings (`transB` rather than a stored transpose).
+pub(crate) fn tied_logits(g: &mut Graph, x: &str, table: &str, vocab: usize) {
+    let logits = g.op("Gemm", &[x, table], vec![attr_int("transB", 1)]);
+    g.output(
+        &logits,
+        names::LOGITS,
+        ElemType::F32,
+        &["batch".into(), vocab.into()],
+    );
 }
 
 struct Exporter<'a> {
@@ -172,8 +217,7 @@ impl Exporter<'_> {
     }
 
     /// `[n]` int64 positions -> `[n, d]` (sin on even dims, cos on odd dims).
-    fn sinusoid(&self, g: &mut Graph, positions: &str) -> String {
-        let d = self.config.d_model;
+    fn sinusoid(&self, g: &mut Graph, positions: &str, d: usize) -> String {
         let inv = g.weight(
             "inverse_frequencies",
             &[d / 2],
@@ -188,6 +232,51 @@ impl Exporter<'_> {
         let cos = g.unsqueeze(&cos, &[-1]);
         let pairs = g.concat(&[&sin, &cos], -1);
         g.reshape(&pairs, &[-1, d as i64])
+    }
+
+    /// Scaled `words` `[batch, len, d]` with the order information of the stack's
+    /// `position` encoder (run by `run_rnn`) and the absolute positions `absolute(width)`
+    /// (broadcastable to `[batch, len, width]`), as `Transformer::embed_with_positions`.
+    fn embed_with_positions(
+        &self,
+        g: &mut Graph,
+        words: String,
+        position: &Option<PositionEncoder>,
+        run_rnn: impl FnOnce(&mut Graph, &Rnn, &str) -> Result<String>,
+        absolute: impl FnOnce(&mut Graph, usize) -> Result<Option<String>>,
+    ) -> Result<String> {
+        let d = self.config.d_model;
+        let (words, recurrent) = match position {
+            Some(PositionEncoder::Rnn(rnn)) => (run_rnn(g, rnn, &words)?, None),
+            Some(PositionEncoder::RecurrentEmbedding {
+                embedding,
+                head_split,
+            }) => {
+                let d_p = (d - self.config.recurrent_dim) as i64;
+                let x_r = g.slice(&words, 2, d_p, d as i64);
+                let r = run_rnn(g, &embedding.rnn, &x_r)?;
+                let r = linear(g, &embedding.proj, &r, "proj")?;
+                let r = g.op("Tanh", &[&r], vec![]);
+                (g.slice(&words, 2, 0, d_p), Some((r, *head_split)))
+            }
+            None => (words, None),
+        };
+        let width = d - recurrent.as_ref().map_or(0, |_| self.config.recurrent_dim);
+        let x = match absolute(g, width)? {
+            Some(pe) => g.add(&words, &pe),
+            None => words,
+        };
+        Ok(match recurrent {
+            Some((r, false)) => g.concat(&[&x, &r], 2),
+            Some((r, true)) => {
+                let heads = self.config.num_heads as i64;
+                let x = g.reshape(&x, &[0, 0, heads, -1]);
+                let r = g.reshape(&r, &[0, 0, heads, -1]);
+                let mixed = g.concat(&[&x, &r], 3);
+                g.reshape(&mixed, &[0, 0, d as i64])
+            }
+            None => x,
+        })
     }
 
     /// `clip(distance, -k, k) + k` of int64 `distances` (any shape): rows of the tables.
@@ -231,26 +320,18 @@ impl Exporter<'_> {
         }
     }
 
-    /// The shared embedding table `[vocab, d]` as an initializer.
     fn embedding_table(&self, g: &mut Graph) -> Result<String> {
-        let (v, d) = self.model.embed.dims2()?;
-        Ok(g.weight("embed.weight", &[v, d], &values(&self.model.embed)?))
+        embedding_table(g, &self.model.embed)
     }
 
-    /// Scaled embeddings of `ids` (any shape `[..]`) -> `[.., d]`.
     fn embed(&self, g: &mut Graph, table: &str, ids: &str) -> String {
-        let x = g.gather(table, ids, 0);
-        let scale = g.float_scalar((self.config.d_model as f32).sqrt());
-        g.mul(&x, &scale)
+        embed(g, table, ids, self.config.d_model)
     }
 
     /// `[batch, len]` 1/0 mask -> `[batch, 1, 1, len]` additive bias, as
     /// `nmt_train::model::padding_bias`.
     fn padding_bias(&self, g: &mut Graph, mask: &str) -> String {
-        let one = g.float_scalar(1.0);
-        let shifted = g.sub(mask, &one);
-        let big = g.float_scalar(-MASKED_SCORE as f32);
-        let bias = g.mul(&shifted, &big);
+        let bias = padding_bias(g, mask);
         g.unsqueeze(&bias, &[1, 2])
     }
 
@@ -283,19 +364,24 @@ impl Exporter<'_> {
             g.op("Range", &[&zero, &len, &one], vec![])
         });
         let position_table = self.position_table(&mut g)?;
-        let mut x = g.scoped("embed", |g| -> Result<String> {
+        let sequence_lens = sequence_lens(&mut g, &mask);
+        let mut x = g.scoped("embed", |g| {
             let words = self.embed(g, &table, &ids);
-            Ok(match (cfg.absolute_position, &position_table) {
-                (AbsolutePosition::Sinusoidal, _) => {
-                    let pe = self.sinusoid(g, &positions);
-                    g.add(&words, &pe)
-                }
-                (AbsolutePosition::Learned, Some(t)) => {
-                    let pe = g.gather(t, &positions, 0);
-                    g.add(&words, &pe)
-                }
-                _ => words,
-            })
+            self.embed_with_positions(
+                g,
+                words,
+                &self.model.encoder.position,
+                |g, rnn, x| crate::recurrent::sequence(g, rnn, x, &sequence_lens),
+                |g, width| {
+                    Ok(match (cfg.absolute_position, &position_table) {
+                        (AbsolutePosition::Sinusoidal, _) => {
+                            Some(self.sinusoid(g, &positions, width))
+                        }
+                        (AbsolutePosition::Learned, Some(t)) => Some(g.gather(t, &positions, 0)),
+                        _ => None,
+                    })
+                },
+            )
         })?;
         // Relative table rows of every (query, key) pair: key position minus query position.
         let relative_rows = self.model.encoder.layers[0]
@@ -395,21 +481,51 @@ impl Exporter<'_> {
 
         let table = self.embedding_table(&mut g)?;
         let position_table = self.position_table(&mut g)?;
-        let mut x = g.scoped("embed", |g| -> Result<String> {
+        // The position encoder's recurrent state, carried from step to step.
+        let rnn_state = match &self.model.decoder.position {
+            Some(encoder) => {
+                let rnn = position_rnn(encoder);
+                let axes: Vec<Axis> = vec!["batch".into(), rnn.hidden.into()];
+                let mut carried = |state: &str| {
+                    let past = g.input(&names::past(state), ElemType::F32, &axes);
+                    let present = names::present(state);
+                    g.output(&present, &present, ElemType::F32, &axes);
+                    (past, present)
+                };
+                let h = carried(names::POSITION_RNN_HIDDEN_STATE);
+                let c = (rnn.cell == Cell::Lstm).then(|| carried(names::POSITION_RNN_CELL_STATE));
+                Some((h, c))
+            }
+            None => None,
+        };
+        let mut x = g.scoped("embed", |g| {
             let ids2 = g.unsqueeze(&ids, &[1]);
             let words = self.embed(g, &table, &ids2);
-            let pe = match (cfg.absolute_position, &position_table) {
-                (AbsolutePosition::Sinusoidal, _) => Some(self.sinusoid(g, &positions)),
-                (AbsolutePosition::Learned, Some(t)) => Some(g.gather(t, &positions, 0)),
-                _ => None,
-            };
-            Ok(match pe {
-                Some(pe) => {
-                    let pe = g.unsqueeze(&pe, &[1]);
-                    g.add(&words, &pe)
-                }
-                None => words,
-            })
+            self.embed_with_positions(
+                g,
+                words,
+                &self.model.decoder.position,
+                |g, rnn, x| {
+                    let (h, c) = rnn_state.as_ref().expect("declared with the encoder");
+                    crate::recurrent::step(
+                        g,
+                        rnn,
+                        x,
+                        (&h.0, &h.1),
+                        c.as_ref().map(|(p, q)| (p.as_str(), q.as_str())),
+                    )
+                },
+                |g, width| {
+                    let pe = match (cfg.absolute_position, &position_table) {
+                        (AbsolutePosition::Sinusoidal, _) => {
+                            Some(self.sinusoid(g, &positions, width))
+                        }
+                        (AbsolutePosition::Learned, Some(t)) => Some(g.gather(t, &positions, 0)),
+                        _ => None,
+                    };
+                    Ok(pe.map(|pe| g.unsqueeze(&pe, &[1])))
+                },
+            )
         })?;
 
         // The new token is always visible: present mask = past mask + a column of ones.
@@ -539,16 +655,7 @@ impl Exporter<'_> {
             self.final_norm(g, &self.model.decoder.final_norm, x)
         })?;
         let x = g.squeeze(&x, &[1]);
-        let v = cfg.vocab_size;
-        // Tied output projection: the embedding table again, through transB rather than a
-        // stored transpose.
-        let logits = g.op("Gemm", &[&x, &table], vec![attr_int("transB", 1)]);
-        g.output(
-            &logits,
-            names::LOGITS,
-            ElemType::F32,
-            &["batch".into(), v.into()],
-        );
+        tied_logits(&mut g, &x, &table, cfg.vocab_size);
         g.output(
             &present_mask,
             &present_mask,
@@ -562,8 +669,17 @@ impl Exporter<'_> {
     }
 }
 
+/// The recurrent network of a position encoder.
+fn position_rnn(encoder: &PositionEncoder) -> &Rnn {
+    match encoder {
+        PositionEncoder::Rnn(rnn) => rnn,
+        PositionEncoder::RecurrentEmbedding { embedding, .. } => &embedding.rnn,
+    }
+}
+
 /// The decoder state this model's step graph carries (listed in the manifest).
-pub fn decoder_state(config: &ModelConfig) -> Vec<StateSpec> {
+pub fn decoder_state(model: &Transformer) -> Vec<StateSpec> {
+    let config = &model.config;
     let heads = vec![
         Dim::Batch,
         Dim::Fixed(config.num_heads),
@@ -579,6 +695,19 @@ pub fn decoder_state(config: &ModelConfig) -> Vec<StateSpec> {
             states.push(StateSpec {
                 name,
                 dims: heads.clone(),
+            });
+        }
+    }
+    if let Some(encoder) = &model.decoder.position {
+        let rnn = position_rnn(encoder);
+        let mut names = vec![names::POSITION_RNN_HIDDEN_STATE];
+        if rnn.cell == Cell::Lstm {
+            names.push(names::POSITION_RNN_CELL_STATE);
+        }
+        for name in names {
+            states.push(StateSpec {
+                name: name.to_string(),
+                dims: vec![Dim::Batch, Dim::Fixed(rnn.hidden)],
             });
         }
     }

@@ -10,23 +10,16 @@ use candle_core::{Device, Tensor};
 use model_package::{files, names, special, Manifest};
 use nmt_train::batch::{Batch, Example};
 use nmt_train::dropout::Dropout;
+use nmt_train::model::Seq2Seq;
 use ort::session::Session;
 use ort::value::{DynValue, Tensor as OrtTensor};
 
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
 fn ort_session(path: &Path) -> Session {
-    // ONNX Runtime allows one environment per process.
-    static ENV: std::sync::OnceLock<ort::environment::Environment> = std::sync::OnceLock::new();
-    let env = ENV.get_or_init(|| {
-        let lib = std::env::var("ORT_DYLIB_PATH")
-            .expect("ORT_DYLIB_PATH must point at libonnxruntime (source scripts/env.sh)");
-        ort::init_from(&lib)
-            .expect("loading ONNX Runtime")
-            .build()
-            .expect("ONNX Runtime environment")
-    });
-    Session::builder(env)
+    // The server's process-wide environment (ONNX Runtime allows one per process).
+    let env = nmt_server::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    Session::builder(&env)
         .unwrap()
         .with_intra_threads(1)
         .unwrap()
@@ -91,10 +84,9 @@ fn run_steps(
         .decoder_state
         .iter()
         .map(|spec| {
-            (
-                spec.name.clone(),
-                f32_tensor(spec.initial_shape(rows), vec![]),
-            )
+            let shape = spec.initial_shape(rows);
+            let zeros = vec![0.0; shape.iter().product()];
+            (spec.name.clone(), f32_tensor(shape, zeros))
         })
         .collect();
     let mut tokens = vec![special::BOS as i64; rows];
@@ -138,13 +130,48 @@ fn argmax(xs: &[f32]) -> u32 {
     best as u32
 }
 
+/// The package as the server runs it: rows that share a running batch (one joining late,
+/// one leaving early) get the logits they get alone, and only models with absolute
+/// positions declare an input limit of their own.
+fn check_serving(package: &Path, manifest: &Manifest, examples: &[Example]) {
+    let env = nmt_server::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut backend = nmt_server::onnx::OrtBackend::load(
+        &env,
+        package,
+        manifest,
+        &nmt_server::onnx::SessionOptions::default(),
+    )
+    .unwrap();
+    let ids = |e: &Example| e.source.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
+    let (long, short) = (ids(examples.last().unwrap()), ids(&examples[0]));
+    assert!(long.len() > short.len());
+    let bos = i64::from(special::BOS);
+    let deviation =
+        nmt_server::backend::batching_deviation(&mut backend, &long, &short, [bos, 7, 11, 13, 17])
+            .unwrap();
+    println!(
+        "{}: served in a shared batch: logits within {deviation:e} of alone",
+        manifest.config.preset
+    );
+    assert!(
+        deviation < 1e-4,
+        "logits move by {deviation} in a shared batch"
+    );
+    assert_eq!(
+        manifest.limits.max_source_tokens.is_some(),
+        manifest.config.has_absolute_positions(),
+        "input limit {:?}",
+        manifest.limits
+    );
+}
+
 /// Trains `preset` for a few hundred steps on real verses, exports it, and holds ONNX
 /// Runtime to candle: teacher-forced logits within [`LOGIT_TOLERANCE`], greedy outputs
 /// identical, on test verses and a source longer than any in training.
 fn check_parity(preset: &str) {
     let work = tempfile::tempdir().unwrap();
-    // Enough steps for distinct outputs, few enough for six presets in a test run.
-    let run = nmt_train::fixture::tiny_run_with(work.path(), preset, 150).unwrap();
+    // Enough steps for distinct outputs, few enough for twelve presets in a test run.
+    let run = nmt_train::fixture::tiny_run_with(work.path(), preset, 100).unwrap();
     let package = work.path().join("package");
     model_export::export_package(&model_export::ExportArgs {
         checkpoint: run.checkpoint.clone(),
@@ -204,8 +231,8 @@ fn check_parity(preset: &str) {
     let mut long = long;
     // A learned position table ends at max_positions (the server refuses inputs past the
     // manifest's limit, which is lower still).
-    if model.config.absolute_position == model_package::AbsolutePosition::Learned {
-        long[0].source.truncate(model.config.max_positions - 1);
+    if model.config().absolute_position == model_package::AbsolutePosition::Learned {
+        long[0].source.truncate(model.config().max_positions - 1);
         long[0].source.push(special::EOS);
     }
     assert!(
@@ -287,6 +314,7 @@ fn check_parity(preset: &str) {
     for (row, (ours, theirs)) in produced.iter().zip(&reference).enumerate() {
         assert_eq!(ours, theirs, "row {row}: greedy outputs differ");
     }
+    check_serving(&package, &manifest, &examples);
     let distinct: std::collections::HashSet<&Vec<u32>> = produced.iter().collect();
     println!(
         "{preset}: greedy outputs identical on {} rows ({} distinct)",
@@ -327,4 +355,34 @@ fn rel_sinusoidal_vectors() {
 #[test]
 fn rel_and_absolute() {
     check_parity("rel-absolute-tiny");
+}
+
+#[test]
+fn rnn_transformer_gru() {
+    check_parity("rnn-transformer-tiny");
+}
+
+#[test]
+fn rr_transformer_gru_and_relative() {
+    check_parity("rr-transformer-tiny");
+}
+
+#[test]
+fn lstm_positional_encoding() {
+    check_parity("lstm-pe-tiny");
+}
+
+#[test]
+fn rpe_head() {
+    check_parity("rpe-head-tiny");
+}
+
+#[test]
+fn mpr_head() {
+    check_parity("mpr-head-tiny");
+}
+
+#[test]
+fn rnn_nmt_baseline() {
+    check_parity("rnn-nmt-tiny");
 }

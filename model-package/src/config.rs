@@ -116,6 +116,11 @@ pub struct ModelConfig {
     pub relative_clip: usize,
     #[serde(default)]
     pub recurrent_position: RecurrentPosition,
+    /// Chen et al.'s `d_r`: the dims of the word vector that carry the recurrent positional
+    /// embedding (`rpe_head`, `mpr_head`; 0 otherwise). The other `d_model - d_r` dims carry
+    /// the word and its sinusoidal position.
+    #[serde(default)]
+    pub recurrent_dim: usize,
     #[serde(default)]
     pub length_encoding: LengthEncoding,
     pub layer_norm_eps: f64,
@@ -183,6 +188,7 @@ impl ModelConfig {
             relative_attention: RelativeAttention::None,
             relative_clip: default_relative_clip(),
             recurrent_position: RecurrentPosition::None,
+            recurrent_dim: 0,
             length_encoding: LengthEncoding::None,
             layer_norm_eps: 1e-5,
         };
@@ -209,6 +215,8 @@ impl ModelConfig {
                 config.recurrent_position = RecurrentPosition::Lstm;
                 config.absolute_position = AbsolutePosition::None;
             }
+            // Chen et al.'s best d_r were 320 (RPEHead) and 256 (MPRHead) of 512; RPEHead
+            // needs whole heads, so both take half the width here.
             "rpe-head" => config.recurrent_position = RecurrentPosition::RpeHead,
             "mpr-head" => config.recurrent_position = RecurrentPosition::MprHead,
             "rnn-nmt" => {
@@ -226,6 +234,12 @@ impl ModelConfig {
             config.encoder_layers = 2;
             config.decoder_layers = 2;
             config.dropout = 0.0;
+        }
+        if matches!(
+            config.recurrent_position,
+            RecurrentPosition::RpeHead | RecurrentPosition::MprHead
+        ) {
+            config.recurrent_dim = config.d_model / 2;
         }
         config.validate()?;
         Ok(config)
@@ -299,6 +313,19 @@ impl ModelConfig {
                  set absolute_position to none",
             );
         }
+        if self.recurrent_position == RecurrentPosition::Lstm && !self.d_model.is_multiple_of(2) {
+            return combination(
+                "recurrent_position lstm runs a BiLSTM of d_model / 2 units per direction \
+                 in the encoder; d_model must be even",
+            );
+        }
+        self.validate_recurrent_embedding()?;
+        if self.architecture == Architecture::RnnNmt && !self.d_model.is_multiple_of(2) {
+            return combination(
+                "architecture rnn_nmt runs bi-LSTMs of d_model / 2 units per direction; \
+                 d_model must be even",
+            );
+        }
         if self.architecture == Architecture::RnnNmt
             && (self.absolute_position != AbsolutePosition::None
                 || self.relative_attention != RelativeAttention::None
@@ -309,6 +336,57 @@ impl ModelConfig {
                 "architecture rnn_nmt is recurrent by construction: absolute_position, \
                  relative_attention, recurrent_position and length_encoding must all be none",
             );
+        }
+        Ok(())
+    }
+
+    /// Chen et al.'s split of the word vector into `d_model - d_r` word-and-position dims and
+    /// `d_r` recurrent dims.
+    fn validate_recurrent_embedding(&self) -> Result<(), ConfigError> {
+        let combination = |message: String| Err(ConfigError::Combination(message));
+        let (d, d_r, heads) = (self.d_model, self.recurrent_dim, self.num_heads);
+        let head_split = match self.recurrent_position {
+            RecurrentPosition::RpeHead => false,
+            RecurrentPosition::MprHead => true,
+            _ if d_r != 0 => {
+                return combination(format!(
+                    "recurrent_dim ({d_r}) only applies to recurrent_position rpe_head or mpr_head"
+                ))
+            }
+            _ => return Ok(()),
+        };
+        if d_r == 0 || d_r >= d || !d_r.is_multiple_of(2) {
+            return combination(format!(
+                "recurrent_dim ({d_r}) must be even and in 1..d_model ({d}): the encoder's \
+                 bidirectional RNN gives each direction half of it"
+            ));
+        }
+        if self.absolute_position == AbsolutePosition::Learned {
+            return combination(
+                "rpe_head and mpr_head add sinusoidal positions to the word part of the vector; \
+                 absolute_position must be sinusoidal or none"
+                    .into(),
+            );
+        }
+        if !(d - d_r).is_multiple_of(2) {
+            return combination(format!(
+                "d_model - recurrent_dim ({}) must be even for its sinusoidal positions",
+                d - d_r
+            ));
+        }
+        if head_split {
+            if !d_r.is_multiple_of(heads) || !(d - d_r).is_multiple_of(heads) {
+                return combination(format!(
+                    "mpr_head gives every head a share of the recurrent dims: recurrent_dim \
+                     ({d_r}) and d_model - recurrent_dim must be multiples of num_heads ({heads})"
+                ));
+            }
+        } else if !d_r.is_multiple_of(self.head_dim()) {
+            return combination(format!(
+                "rpe_head gives the recurrent dims heads of their own: recurrent_dim ({d_r}) \
+                 must be a multiple of the head dimension ({})",
+                self.head_dim()
+            ));
         }
         Ok(())
     }
@@ -388,6 +466,16 @@ mod tests {
         let err = rnn_with_shaw.validate().unwrap_err().to_string();
         assert!(err.contains("rnn_nmt"), "{err}");
 
+        let mut rpe_split = ModelConfig::preset("rpe-head", 8000).unwrap();
+        rpe_split.recurrent_dim = 96;
+        let err = rpe_split.validate().unwrap_err().to_string();
+        assert!(err.contains("multiple of the head dimension (64)"), "{err}");
+
+        let mut stray_dim = ModelConfig::preset("transformer", 8000).unwrap();
+        stray_dim.recurrent_dim = 64;
+        let err = stray_dim.validate().unwrap_err().to_string();
+        assert!(err.contains("only applies to"), "{err}");
+
         let mut unclipped = ModelConfig::preset("rel-transformer", 8000).unwrap();
         unclipped.relative_clip = 0;
         assert_eq!(
@@ -408,6 +496,7 @@ mod tests {
             "relative_attention",
             "relative_clip",
             "recurrent_position",
+            "recurrent_dim",
             "length_encoding",
         ] {
             old.as_object_mut().unwrap().remove(field);

@@ -37,6 +37,10 @@ pub fn memory_cross_value(layer: usize) -> String {
     format!("{MEMORY_PREFIX}cross_value.{layer}")
 }
 
+/// Every source position's top encoder state `[batch, source_len, d]` (the RNN-NMT
+/// baseline's attention reads it at every step).
+pub const MEMORY_CONTEXT: &str = "memory.context";
+
 /// State names (without the `past.`/`present.` prefix).
 pub fn self_key_state(layer: usize) -> String {
     format!("self_key.{layer}")
@@ -44,6 +48,22 @@ pub fn self_key_state(layer: usize) -> String {
 pub fn self_value_state(layer: usize) -> String {
     format!("self_value.{layer}")
 }
+/// Hidden state `[batch, hidden]` of the decoder's recurrent position encoder (GRU, LSTM,
+/// or Chen et al.'s recurrent embedding); zero before the first token.
+pub const POSITION_RNN_HIDDEN_STATE: &str = "position_rnn.h";
+/// Cell state `[batch, hidden]` of an LSTM position encoder.
+pub const POSITION_RNN_CELL_STATE: &str = "position_rnn.c";
+
+/// RNN-NMT decoder layer `layer`'s LSTM hidden and cell states `[batch, d]`.
+pub fn lstm_hidden_state(layer: usize) -> String {
+    format!("lstm_h.{layer}")
+}
+pub fn lstm_cell_state(layer: usize) -> String {
+    format!("lstm_c.{layer}")
+}
+/// RNN-NMT's input feed: the previous step's attentional vector `[batch, d]`.
+pub const INPUT_FEED_STATE: &str = "input_feed";
+
 /// 1 for every cached target position that is real, 0 for padding the batcher inserted.
 pub const SELF_MASK_STATE: &str = "self_mask";
 

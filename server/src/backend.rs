@@ -47,3 +47,103 @@ pub trait Backend {
     /// order, along axis 0 of every memory and state tensor.
     fn retain_rows(&mut self, rows: &mut Self::Rows, keep: &[usize]) -> Result<(), BackendError>;
 }
+
+/// The largest |difference| between the logits two rows get alone and the logits they get
+/// sharing a running batch, which continuous batching relies on being float noise for every
+/// model package (KV caches, recurrent state, whatever the graphs carry).
+///
+/// `long` runs 5 steps; `short` joins after `long`'s third (its cache is padded to three
+/// masked columns and its source memory is shorter), then `long` leaves, so the padding is
+/// trimmed, and `short` takes its third step alone. Both are fed `fed` (BOS first).
+pub fn batching_deviation<B: Backend>(
+    backend: &mut B,
+    long: &[i64],
+    short: &[i64],
+    fed: [i64; 5],
+) -> Result<f32, BackendError> {
+    let positions = |ps: &[usize]| ps.iter().map(|&p| p as i64).collect::<Vec<_>>();
+    let mut alone = |source: &[i64], steps: usize| -> Result<Vec<Array2<f32>>, BackendError> {
+        let mut rows = backend.encode(&[source])?;
+        (0..steps)
+            .map(|p| backend.step(&mut rows, &[fed[p]], &positions(&[p])))
+            .collect()
+    };
+    let long_alone = alone(long, 5)?;
+    let short_alone = alone(short, 3)?;
+
+    let mut worst = 0f32;
+    let mut compare = |a: ndarray::ArrayView2<f32>, b: &Array2<f32>| -> Result<(), BackendError> {
+        if a.shape() != b.shape() {
+            return Err(BackendError::Contract(format!(
+                "logits of shape {:?} in a batch, {:?} alone",
+                a.shape(),
+                b.shape()
+            )));
+        }
+        worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(worst, f32::max);
+        Ok(())
+    };
+    let mut rows = backend.encode(&[long])?;
+    for p in 0..3 {
+        let logits = backend.step(&mut rows, &[fed[p]], &positions(&[p]))?;
+        compare(logits.view(), &long_alone[p])?;
+    }
+    let joining = backend.encode(&[short])?;
+    backend.append(&mut rows, joining)?;
+    for p in 0..2 {
+        let logits = backend.step(&mut rows, &[fed[3 + p], fed[p]], &positions(&[3 + p, p]))?;
+        compare(logits.slice(ndarray::s![0..1, ..]), &long_alone[3 + p])?;
+        compare(logits.slice(ndarray::s![1..2, ..]), &short_alone[p])?;
+    }
+    backend.retain_rows(&mut rows, &[1])?;
+    let logits = backend.step(&mut rows, &[fed[2]], &positions(&[2]))?;
+    compare(logits.view(), &short_alone[2])?;
+    Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::testing::{CopyBackend, CopyRows, SPECIAL};
+
+    /// A copy backend whose logits shift when it runs more than one row: a model that
+    /// leaks between rows.
+    struct Leaky(CopyBackend);
+
+    impl Backend for Leaky {
+        type Rows = CopyRows;
+        fn encode(&mut self, sources: &[&[i64]]) -> Result<CopyRows, BackendError> {
+            self.0.encode(sources)
+        }
+        fn step(
+            &mut self,
+            rows: &mut CopyRows,
+            target_ids: &[i64],
+            positions: &[i64],
+        ) -> Result<Array2<f32>, BackendError> {
+            let logits = self.0.step(rows, target_ids, positions)?;
+            Ok(logits + 0.25 * (target_ids.len() - 1) as f32)
+        }
+        fn append(&mut self, rows: &mut CopyRows, new: CopyRows) -> Result<(), BackendError> {
+            self.0.append(rows, new)
+        }
+        fn retain_rows(&mut self, rows: &mut CopyRows, keep: &[usize]) -> Result<(), BackendError> {
+            self.0.retain_rows(rows, keep)
+        }
+    }
+
+    #[test]
+    fn batching_deviation_is_zero_for_independent_rows_and_catches_leaks() {
+        // The copy backend checks it is fed its own output, so the two share a prefix.
+        let (long, short) = ([5i64, 6, 7, 8, 9, 10, 2], [5i64, 6, 2]);
+        let fed = [i64::from(SPECIAL.bos), 5, 6, 7, 8];
+        let exact = batching_deviation(&mut CopyBackend::default(), &long, &short, fed).unwrap();
+        assert_eq!(exact, 0.0);
+        let leaky = batching_deviation(&mut Leaky(CopyBackend::default()), &long, &short, fed);
+        assert_eq!(leaky.unwrap(), 0.25);
+    }
+}

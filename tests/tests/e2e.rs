@@ -3,107 +3,17 @@
 //! `nmt-export` writes the model package, `nmt-server` serves it on a loopback port. The
 //! server's translations must equal candle's greedy decoding of the same checkpoint.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
+use common::{binary, post_translate, run, start_server, wait_until_ready, Server};
+use nmt_train::model::Seq2Seq;
 use serde_json::{json, Value};
-
-/// A binary of this workspace, next to the test executable's `deps/` folder.
-fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: run `cargo build --workspace --bins` first (scripts/test.sh does)",
-        path.display()
-    );
-    path
-}
-
-fn run(cmd: &mut Command) {
-    let output = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{cmd:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// A running `nmt-server`, killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server(package: &Path, extra: &[&str]) -> Server {
-    let mut child = Command::new(binary("nmt-server"))
-        .args(["--model-dir", package.to_str().unwrap(), "--port", "0"])
-        .args(["--grpc-port", "0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting nmt-server");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(url) = line.strip_prefix("listening on ") {
-                let _ = tx.send(url.trim().to_string());
-            }
-        }
-    });
-    let url = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("nmt-server did not print `listening on ...` within 120 s");
-    Server { child, url }
-}
-
-/// Polls `/ready` until the server has warmed up; `/health` answers before that.
-async fn wait_until_ready(client: &reqwest::Client, server: &Server) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let response = client
-            .get(format!("{}/ready", server.url))
-            .send()
-            .await
-            .unwrap();
-        if response.status() == 200 {
-            return;
-        }
-        assert_eq!(response.status(), 503, "/ready answers 200 or 503");
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not ready within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// `POST /translate` with a JSON body.
-async fn post_translate(
-    client: &reqwest::Client,
-    server: &Server,
-    body: &Value,
-) -> reqwest::Response {
-    client
-        .post(format!("{}/translate", server.url))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-}
 
 /// Trains and exports a tiny model with the command-line tools; returns (work dir, package).
 fn build_package(work: &Path) -> PathBuf {
@@ -174,7 +84,7 @@ fn build_package(work: &Path) -> PathBuf {
 
 /// Candle's greedy translation of one text, with the server's length bound.
 fn reference_translation(
-    model: &nmt_train::model::Transformer,
+    model: &nmt_train::model::Model,
     tokenizer: &tokenizers::Tokenizer,
     text: &str,
 ) -> String {
@@ -225,7 +135,7 @@ async fn scrape(client: &reqwest::Client, server: &Server) -> String {
 async fn translates_over_http_like_the_training_forward_pass() {
     let work = shared_package();
     let package = work.join("package");
-    let server = start_server(&package, &[]);
+    let server = start_server(&[&package], &[]);
     let client = reqwest::Client::new();
 
     let health = client
@@ -323,7 +233,7 @@ async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
     let package = shared_package().join("package");
     // Two rows at a time, so the work below queues and takes a while.
     let mut server = start_server(
-        &package,
+        &[&package],
         &["--max-batch-size", "2", "--shutdown-grace", "60"],
     );
     let client = reqwest::Client::new();
@@ -477,7 +387,7 @@ async fn query_until_present(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_latency_by_input_length() {
     let package = shared_package().join("package");
-    let server = start_server(&package, &[]);
+    let server = start_server(&[&package], &[]);
     let client = reqwest::Client::new();
     wait_until_ready(&client, &server).await;
 

@@ -1,5 +1,10 @@
-//! Where a training step's time goes: forward, loss, backward, optimizer, for the shipped
-//! model size on synthetic ids. `cargo run --release -p nmt-train --example step_profile`
+//! Where a training step's time goes (forward, loss, backward, optimizer) and how many
+//! parameters a preset has, at the given size on synthetic ids.
+//!
+//! `cargo run --release -p nmt-train --example step_profile -- [PRESET|all] [ROWS] [LEN]`
+//! (defaults: `transformer`, 100 rows of 40 tokens, vocabulary 8000). With `all`, prints a
+//! markdown table of every preset: parameters, and target tokens/s of the fastest of three
+//! steps (one thread per candle op as configured by `RAYON_NUM_THREADS`).
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -7,31 +12,32 @@ use candle_nn::{VarBuilder, VarMap};
 use model_package::ModelConfig;
 use nmt_train::dropout::Dropout;
 use nmt_train::loss::label_smoothed_loss;
-use nmt_train::model::Transformer;
+use nmt_train::model::{Model, Seq2Seq};
 use nmt_train::optim::Adam;
 
-fn main() -> anyhow::Result<()> {
-    nmt_train::keep_freed_memory_in_heap();
-    let preset = std::env::args().nth(1).unwrap_or("transformer".into());
-    let rows: usize = std::env::args().nth(2).map_or(100, |s| s.parse().unwrap());
-    let len: usize = std::env::args().nth(3).map_or(40, |s| s.parse().unwrap());
+const VOCAB: usize = 8000;
+
+/// Parameters and the fastest step's target tokens/s of `preset`.
+fn profile(preset: &str, rows: usize, len: usize, verbose: bool) -> anyhow::Result<(usize, f64)> {
     let dev = Device::Cpu;
     let varmap = VarMap::new();
-    let config = ModelConfig::preset(&preset, 8000)?;
-    let model = Transformer::new(
+    let config = ModelConfig::preset(preset, VOCAB)?;
+    let model = Model::new(
         config.clone(),
         VarBuilder::from_varmap(&varmap, DType::F32, &dev),
     )?;
-    let vars = varmap
+    let vars: Vec<_> = varmap
         .data()
         .lock()
         .unwrap()
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let parameters = vars.iter().map(|(_, v)| v.elem_count()).sum();
     let mut adam = Adam::new(vars)?;
-    let ids = Tensor::rand(0f32, 7990.0, (rows, len), &dev)?.to_dtype(DType::U32)?;
+    let ids = Tensor::rand(0f32, (VOCAB - 10) as f32, (rows, len), &dev)?.to_dtype(DType::U32)?;
     let mask = Tensor::ones((rows, len), DType::F32, &dev)?;
+    let mut best = 0f64;
     for _ in 0..3 {
         let t = Instant::now();
         let dropout = Dropout::new(config.dropout, 1);
@@ -43,15 +49,37 @@ fn main() -> anyhow::Result<()> {
         let t_bwd = t.elapsed();
         adam.step(&grads, 1e-4, 1.0)?;
         let t_opt = t.elapsed();
-        println!(
-            "{rows}x{len}: forward {:.2}s loss {:.2}s backward {:.2}s adam {:.2}s total {:.2}s = {:.0} tgt tok/s",
-            t_fwd.as_secs_f64(),
-            (t_loss - t_fwd).as_secs_f64(),
-            (t_bwd - t_loss).as_secs_f64(),
-            (t_opt - t_bwd).as_secs_f64(),
-            t_opt.as_secs_f64(),
-            (rows * len) as f64 / t_opt.as_secs_f64()
-        );
+        let tokens_per_second = (rows * len) as f64 / t_opt.as_secs_f64();
+        best = best.max(tokens_per_second);
+        if verbose {
+            println!(
+                "{rows}x{len}: forward {:.2}s loss {:.2}s backward {:.2}s adam {:.2}s total {:.2}s = {tokens_per_second:.0} tgt tok/s",
+                t_fwd.as_secs_f64(),
+                (t_loss - t_fwd).as_secs_f64(),
+                (t_bwd - t_loss).as_secs_f64(),
+                (t_opt - t_bwd).as_secs_f64(),
+                t_opt.as_secs_f64(),
+            );
+        }
+    }
+    Ok((parameters, best))
+}
+
+fn main() -> anyhow::Result<()> {
+    nmt_train::keep_freed_memory_in_heap();
+    let preset = std::env::args().nth(1).unwrap_or("transformer".into());
+    let rows: usize = std::env::args().nth(2).map_or(100, |s| s.parse().unwrap());
+    let len: usize = std::env::args().nth(3).map_or(40, |s| s.parse().unwrap());
+    if preset != "all" {
+        let (parameters, _) = profile(&preset, rows, len, true)?;
+        println!("{preset}: {parameters} parameters");
+        return Ok(());
+    }
+    println!("| preset | parameters | tgt tok/s ({rows}x{len}) |");
+    println!("| --- | ---: | ---: |");
+    for name in ModelConfig::PRESETS {
+        let (parameters, tokens_per_second) = profile(name, rows, len, false)?;
+        println!("| {name} | {parameters} | {tokens_per_second:.0} |");
     }
     Ok(())
 }

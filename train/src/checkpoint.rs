@@ -9,7 +9,7 @@ use candle_nn::VarBuilder;
 use model_package::ModelConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::model::Transformer;
+use crate::model::Model;
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -38,13 +38,13 @@ pub struct TrainerState {
 }
 
 /// Loads a checkpoint's config and weights for inference or export.
-pub fn load_model(dir: &Path, device: &Device) -> anyhow::Result<Transformer> {
+pub fn load_model(dir: &Path, device: &Device) -> anyhow::Result<Model> {
     let config = load_config(dir)?;
     let weights = dir.join(WEIGHTS_FILE);
     // SAFETY: the file is not modified while mapped (checkpoints are written to a temporary
     // directory and renamed into place).
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&weights], DType::F32, device)? };
-    Transformer::new(config, vb).with_context(|| format!("loading {}", weights.display()))
+    Model::new(config, vb).with_context(|| format!("loading {}", weights.display()))
 }
 
 pub fn load_config(dir: &Path) -> anyhow::Result<ModelConfig> {

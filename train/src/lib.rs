@@ -8,6 +8,8 @@ pub mod fixture;
 pub mod loss;
 pub mod model;
 pub mod optim;
+pub mod recurrent;
+pub mod rnn_nmt;
 pub mod tokenizer;
 pub mod trainer;
 

@@ -13,6 +13,8 @@ use model_package::{
 };
 
 use crate::dropout::Dropout;
+use crate::recurrent::{Cell, RecurrentEmbedding, Rnn};
+use crate::rnn_nmt::RnnNmt;
 
 /// Added to attention scores at masked keys. Large and finite so that a fully padded row
 /// still gives a defined softmax; the ONNX graphs use the same value.
@@ -306,8 +308,59 @@ pub struct DecoderLayer {
     pub ffn_norm: LayerNorm,
 }
 
+/// Order information computed from the words themselves, in front of a stack's layers.
+#[derive(Clone, Debug)]
+pub enum PositionEncoder {
+    /// Replaces the position-encoding layer: a GRU (Neishi & Yoshinaga's RNN-Transformer) or
+    /// an LSTM (Rosendahl et al.; bidirectional in the encoder) over the scaled embeddings.
+    Rnn(Rnn),
+    /// Chen et al.: the first `d_model - d_r` dims carry the word and its sinusoidal
+    /// position, the last `d_r` dims the recurrent positional embedding. `head_split`
+    /// (MPRHead) gives every head a share of both parts instead of whole heads to each.
+    RecurrentEmbedding {
+        embedding: RecurrentEmbedding,
+        head_split: bool,
+    },
+}
+
+impl PositionEncoder {
+    /// The encoder's (`bidirectional`) or the decoder's encoder for `config`, if any.
+    fn new(config: &ModelConfig, bidirectional: bool, vb: VarBuilder) -> Result<Option<Self>> {
+        let d = config.d_model;
+        Ok(Some(match config.recurrent_position {
+            RecurrentPosition::None => return Ok(None),
+            RecurrentPosition::Gru => Self::Rnn(Rnn::new(Cell::Gru, d, d, false, vb)?),
+            RecurrentPosition::Lstm if bidirectional => {
+                Self::Rnn(Rnn::new(Cell::Lstm, d, d / 2, true, vb)?)
+            }
+            RecurrentPosition::Lstm => Self::Rnn(Rnn::new(Cell::Lstm, d, d, false, vb)?),
+            RecurrentPosition::RpeHead | RecurrentPosition::MprHead => Self::RecurrentEmbedding {
+                embedding: RecurrentEmbedding::new(config.recurrent_dim, bidirectional, vb)?,
+                head_split: config.recurrent_position == RecurrentPosition::MprHead,
+            },
+        }))
+    }
+}
+
+/// MPRHead's mixing of `word` `[b, t, d_p]` and `recurrent` `[b, t, d_r]`: head `h` gets
+/// `[word_h : recurrent_h]`.
+pub fn interleave_heads(word: &Tensor, recurrent: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, t, dp) = word.dims3()?;
+    let dr = recurrent.dim(2)?;
+    Tensor::cat(
+        &[
+            &word.reshape((b, t, heads, dp / heads))?,
+            &recurrent.reshape((b, t, heads, dr / heads))?,
+        ],
+        3,
+    )?
+    .reshape((b, t, dp + dr))
+}
+
 #[derive(Clone, Debug)]
 pub struct Stack<L> {
+    /// A recurrent position encoder in front of the layers (`recurrent_position`).
+    pub position: Option<PositionEncoder>,
     pub layers: Vec<L>,
     /// Present with pre-norm only: the last block's output is otherwise unnormalised.
     pub final_norm: Option<LayerNorm>,
@@ -342,13 +395,16 @@ impl Transformer {
         config
             .validate()
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        if config.architecture != Architecture::Transformer
-            || config.recurrent_position != RecurrentPosition::None
-            || config.length_encoding != model_package::LengthEncoding::None
-        {
+        if config.architecture != Architecture::Transformer {
             candle_core::bail!(
-                "preset {}: recurrent position encoders, the RNN-NMT baseline and length \
-                 encodings are not implemented in training yet",
+                "preset {}: architecture {:?} is not a Transformer; Model::new builds either",
+                config.preset,
+                config.architecture
+            );
+        }
+        if config.length_encoding != model_package::LengthEncoding::None {
+            candle_core::bail!(
+                "preset {}: length encodings (LDPE/LRPE) are not implemented in training yet",
                 config.preset
             );
         }
@@ -381,6 +437,7 @@ impl Transformer {
         let eps = config.layer_norm_eps;
         let vb_enc = vb.pp("encoder");
         let encoder = Stack {
+            position: PositionEncoder::new(&config, true, vb_enc.pp("position"))?,
             layers: (0..config.encoder_layers)
                 .map(|i| {
                     let vb = vb_enc.pp(format!("layers.{i}"));
@@ -396,6 +453,7 @@ impl Transformer {
         };
         let vb_dec = vb.pp("decoder");
         let decoder = Stack {
+            position: PositionEncoder::new(&config, false, vb_dec.pp("position"))?,
             layers: (0..config.decoder_layers)
                 .map(|i| {
                     let vb = vb_dec.pp(format!("layers.{i}"));
@@ -420,8 +478,16 @@ impl Transformer {
         })
     }
 
-    /// Scaled word embeddings plus absolute positions `0..len` for `[batch, len]` ids.
-    fn embed_with_positions(&self, ids: &Tensor, dropout: &Dropout) -> Result<Tensor> {
+    /// Scaled word embeddings plus the order information of `position` (the stack's
+    /// recurrent encoder) and of absolute positions `0..len`, for `[batch, len]` ids.
+    /// `mask` marks trailing padding (a bidirectional encoder must not read it).
+    fn embed_with_positions(
+        &self,
+        ids: &Tensor,
+        mask: Option<&Tensor>,
+        position: &Option<PositionEncoder>,
+        dropout: &Dropout,
+    ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let d = self.config.d_model;
         let words = self
@@ -430,9 +496,22 @@ impl Transformer {
             .reshape((b, t, d))?;
         let words = (words * (d as f64).sqrt())?;
         let positions = Tensor::arange(0u32, t as u32, ids.device())?;
+        let (words, recurrent) = match position {
+            Some(PositionEncoder::Rnn(rnn)) => (rnn.run(&words, mask)?.0, None),
+            Some(PositionEncoder::RecurrentEmbedding {
+                embedding,
+                head_split,
+            }) => {
+                let d_r = self.config.recurrent_dim;
+                let (r, _) = embedding.run(&words.narrow(2, d - d_r, d_r)?, mask)?;
+                (words.narrow(2, 0, d - d_r)?, Some((r, *head_split)))
+            }
+            None => (words, None),
+        };
         let x = match (self.config.absolute_position, &self.pos_embed) {
             (AbsolutePosition::Sinusoidal, _) => {
-                words.broadcast_add(&sinusoid(&positions, d)?.unsqueeze(0)?)?
+                let width = words.dim(2)?;
+                words.broadcast_add(&sinusoid(&positions, width)?.unsqueeze(0)?)?
             }
             (AbsolutePosition::Learned, Some(table)) => {
                 if t > self.config.max_positions {
@@ -445,12 +524,21 @@ impl Transformer {
             }
             _ => words,
         };
+        let x = match recurrent {
+            Some((r, false)) => Tensor::cat(&[&x, &r], 2)?,
+            Some((r, true)) => interleave_heads(&x, &r, self.config.num_heads)?,
+            None => x,
+        };
         dropout.apply(&x)
     }
+}
 
-    /// `source_ids` `[batch, src_len]` u32, `source_mask` `[batch, src_len]` f32 ->
-    /// memory `[batch, src_len, d]`.
-    pub fn encode(
+impl Seq2Seq for Transformer {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn encode(
         &self,
         source_ids: &Tensor,
         source_mask: &Tensor,
@@ -458,7 +546,12 @@ impl Transformer {
     ) -> Result<Tensor> {
         let bias = padding_bias(source_mask)?;
         let norm = self.config.norm;
-        let mut x = self.embed_with_positions(source_ids, dropout)?;
+        let mut x = self.embed_with_positions(
+            source_ids,
+            Some(source_mask),
+            &self.encoder.position,
+            dropout,
+        )?;
         for layer in &self.encoder.layers {
             x = residual(&x, &layer.self_attn_norm, norm, dropout, |h| {
                 layer.self_attn.forward(h, h, &bias)
@@ -473,9 +566,7 @@ impl Transformer {
         }
     }
 
-    /// Teacher-forced decoder: `target_ids` `[batch, tgt_len]` (BOS first) -> logits
-    /// `[batch, tgt_len, vocab]`.
-    pub fn decode(
+    fn decode(
         &self,
         target_ids: &Tensor,
         memory: &Tensor,
@@ -486,7 +577,8 @@ impl Transformer {
         let cross_bias = padding_bias(source_mask)?;
         let self_bias = causal_bias(t, target_ids.device())?;
         let norm = self.config.norm;
-        let mut x = self.embed_with_positions(target_ids, dropout)?;
+        // Target padding is trailing and the decoder's encoders run forward only.
+        let mut x = self.embed_with_positions(target_ids, None, &self.decoder.position, dropout)?;
         for layer in &self.decoder.layers {
             x = residual(&x, &layer.self_attn_norm, norm, dropout, |h| {
                 layer.self_attn.forward(h, h, &self_bias)
@@ -508,8 +600,33 @@ impl Transformer {
             .matmul(&self.embed.t()?)?
             .reshape((b, t, ()))
     }
+}
 
-    pub fn forward(
+/// An encoder-decoder as training, evaluation and export see it: the Transformer family and
+/// the RNN-NMT baseline.
+pub trait Seq2Seq {
+    fn config(&self) -> &ModelConfig;
+
+    /// `source_ids` `[batch, src_len]` u32, `source_mask` `[batch, src_len]` f32 ->
+    /// memory `[batch, src_len, d]`.
+    fn encode(
+        &self,
+        source_ids: &Tensor,
+        source_mask: &Tensor,
+        dropout: &Dropout,
+    ) -> Result<Tensor>;
+
+    /// Teacher-forced decoder: `target_ids` `[batch, tgt_len]` (BOS first) -> logits
+    /// `[batch, tgt_len, vocab]`.
+    fn decode(
+        &self,
+        target_ids: &Tensor,
+        memory: &Tensor,
+        source_mask: &Tensor,
+        dropout: &Dropout,
+    ) -> Result<Tensor>;
+
+    fn forward(
         &self,
         source_ids: &Tensor,
         source_mask: &Tensor,
@@ -521,8 +638,8 @@ impl Transformer {
     }
 
     /// Greedy decoding of one batch, recomputing the whole prefix every step. Slow, but it
-    /// is the reference the exported graphs (which use a KV cache) are checked against.
-    pub fn greedy(
+    /// is the reference the exported graphs (which carry a cache) are checked against.
+    fn greedy(
         &self,
         source_ids: &Tensor,
         source_mask: &Tensor,
@@ -560,6 +677,67 @@ impl Transformer {
     }
 }
 
+/// A model of either family, chosen by the config's `architecture`.
+// One per process or test: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum Model {
+    Transformer(Transformer),
+    RnnNmt(RnnNmt),
+}
+
+impl Model {
+    pub fn new(config: ModelConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(match config.architecture {
+            Architecture::Transformer => Self::Transformer(Transformer::new(config, vb)?),
+            Architecture::RnnNmt => Self::RnnNmt(RnnNmt::new(config, vb)?),
+        })
+    }
+
+    fn inner(&self) -> &dyn Seq2Seq {
+        match self {
+            Self::Transformer(m) => m,
+            Self::RnnNmt(m) => m,
+        }
+    }
+}
+
+impl Seq2Seq for Model {
+    fn config(&self) -> &ModelConfig {
+        self.inner().config()
+    }
+    fn encode(&self, ids: &Tensor, mask: &Tensor, dropout: &Dropout) -> Result<Tensor> {
+        self.inner().encode(ids, mask, dropout)
+    }
+    fn decode(
+        &self,
+        ids: &Tensor,
+        memory: &Tensor,
+        mask: &Tensor,
+        dropout: &Dropout,
+    ) -> Result<Tensor> {
+        self.inner().decode(ids, memory, mask, dropout)
+    }
+}
+
+impl Seq2Seq for RnnNmt {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+    fn encode(&self, ids: &Tensor, mask: &Tensor, dropout: &Dropout) -> Result<Tensor> {
+        RnnNmt::encode(self, ids, mask, dropout)
+    }
+    fn decode(
+        &self,
+        ids: &Tensor,
+        memory: &Tensor,
+        mask: &Tensor,
+        dropout: &Dropout,
+    ) -> Result<Tensor> {
+        RnnNmt::decode(self, ids, memory, mask, dropout)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -576,15 +754,18 @@ mod tests {
         .unwrap()
     }
 
-    /// The presets training implements today.
-    const TRAINABLE: [&str; 6] = [
-        "transformer-tiny",
-        "transformer-learned-tiny",
-        "rel-transformer-tiny",
-        "rel-keys-tiny",
-        "rel-sinusoidal-tiny",
-        "rel-absolute-tiny",
-    ];
+    /// Every preset, tiny.
+    fn every_tiny_model() -> impl Iterator<Item = Model> {
+        ModelConfig::PRESETS.iter().map(|name| {
+            let varmap = VarMap::new();
+            let config = ModelConfig::preset(&format!("{name}-tiny"), 50).unwrap();
+            Model::new(
+                config,
+                VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+            )
+            .unwrap()
+        })
+    }
 
     #[test]
     fn relative_distances_are_clipped_in_both_directions() {
@@ -683,16 +864,42 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_presets_say_so_at_construction() {
+    fn length_encodings_say_they_are_not_implemented_at_construction() {
         let varmap = VarMap::new();
-        let config = ModelConfig::preset("rnn-transformer-tiny", 50).unwrap();
-        let err = Transformer::new(
+        let mut config = ModelConfig::preset("transformer-tiny", 50).unwrap();
+        config.length_encoding = model_package::LengthEncoding::Ldpe;
+        let err = Model::new(
             config,
             VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
         )
         .unwrap_err()
         .to_string();
         assert!(err.contains("not implemented in training yet"), "{err}");
+    }
+
+    #[test]
+    fn every_preset_builds_its_family() {
+        for (model, name) in every_tiny_model().zip(ModelConfig::PRESETS) {
+            assert_eq!(model.config().preset, format!("{name}-tiny"));
+            assert_eq!(
+                *name == "rnn-nmt",
+                matches!(model, Model::RnnNmt(_)),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn mpr_head_gives_every_head_its_share_of_both_parts() {
+        let dev = Device::Cpu;
+        // Two heads; word part [0 1 2 3], recurrent part [10 11].
+        let word = Tensor::new(&[[[0f32, 1.0, 2.0, 3.0]]], &dev).unwrap();
+        let recurrent = Tensor::new(&[[[10f32, 11.0]]], &dev).unwrap();
+        let mixed = interleave_heads(&word, &recurrent, 2).unwrap();
+        assert_eq!(
+            mixed.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            vec![0.0, 1.0, 10.0, 2.0, 3.0, 11.0]
+        );
     }
 
     #[test]
@@ -707,12 +914,12 @@ mod tests {
 
     #[test]
     fn padding_never_changes_real_positions() {
-        for name in TRAINABLE {
-            padding_never_changes_real_positions_of(&tiny_preset(name));
+        for model in every_tiny_model() {
+            padding_never_changes_real_positions_of(&model);
         }
     }
 
-    fn padding_never_changes_real_positions_of(model: &Transformer) {
+    fn padding_never_changes_real_positions_of(model: &Model) {
         let dev = Device::Cpu;
         let off = Dropout::off();
         let ids = Tensor::new(&[[5u32, 6, 7]], &dev).unwrap();
@@ -736,12 +943,12 @@ mod tests {
 
     #[test]
     fn decoder_never_looks_ahead() {
-        for name in TRAINABLE {
-            decoder_never_looks_ahead_of(&tiny_preset(name));
+        for model in every_tiny_model() {
+            decoder_never_looks_ahead_of(&model);
         }
     }
 
-    fn decoder_never_looks_ahead_of(model: &Transformer) {
+    fn decoder_never_looks_ahead_of(model: &Model) {
         let dev = Device::Cpu;
         let off = Dropout::off();
         let ids = Tensor::new(&[[5u32, 6, 7]], &dev).unwrap();

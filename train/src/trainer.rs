@@ -19,7 +19,7 @@ use crate::batch::{token_batches, Batch, Example};
 use crate::checkpoint::{self, TrainerState};
 use crate::dropout::Dropout;
 use crate::loss::label_smoothed_loss;
-use crate::model::Transformer;
+use crate::model::{Model, Seq2Seq};
 use crate::optim::{learning_rate, Adam};
 
 /// Without a progress bar (`--quiet`), a status line every this many steps.
@@ -33,7 +33,10 @@ pub struct TrainArgs {
     /// Tokenizer written by `nmt-train tokenizer`.
     #[arg(long, default_value = "data/tokenizer.json")]
     pub tokenizer: PathBuf,
-    /// Model preset (see model_package::ModelConfig::PRESETS): transformer, transformer-tiny.
+    /// Model preset: transformer, transformer-learned, rel-transformer, rel-keys,
+    /// rel-sinusoidal, rel-absolute, rnn-transformer, rr-transformer, lstm-pe, rpe-head,
+    /// mpr-head or rnn-nmt (docs/model-package.md, "Variants"); each also as `<name>-tiny`
+    /// (d_model 32, for tests).
     #[arg(long, default_value = "transformer")]
     pub preset: String,
     /// Run directory: checkpoints go to OUT/last and OUT/best.
@@ -176,7 +179,7 @@ fn named_vars(varmap: &VarMap) -> Vec<(String, Var)> {
 
 /// Mean per-token NLL on `examples` without dropout.
 pub fn dev_loss(
-    model: &Transformer,
+    model: &Model,
     examples: &[Example],
     batch_tokens: usize,
     device: &Device,
@@ -253,7 +256,7 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         config
     };
     let mut varmap = VarMap::new();
-    let model = Transformer::new(
+    let model = Model::new(
         config.clone(),
         VarBuilder::from_varmap(&varmap, DType::F32, &device),
     )?;
@@ -389,7 +392,7 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
 
 #[allow(clippy::too_many_arguments)]
 fn evaluate(
-    model: &Transformer,
+    model: &Model,
     dev_set: &[Example],
     args: &TrainArgs,
     device: &Device,
@@ -416,4 +419,24 @@ fn evaluate(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Args;
+
+    #[test]
+    fn preset_help_names_every_preset() {
+        let command = TrainArgs::augment_args(clap::Command::new("train"));
+        let help = command
+            .get_arguments()
+            .find(|a| a.get_id() == "preset")
+            .and_then(|a| a.get_help())
+            .map(|h| h.to_string())
+            .unwrap();
+        for name in ModelConfig::PRESETS {
+            assert!(help.contains(name), "--preset help lacks {name}: {help}");
+        }
+    }
 }
