@@ -203,13 +203,17 @@ impl ModelConfig {
             "rel-keys" => relative(&mut config, RelativeAttention::Keys),
             "rel-sinusoidal" => relative(&mut config, RelativeAttention::Sinusoidal),
             "rel-absolute" => config.relative_attention = RelativeAttention::KeysValues,
+            // Neishi & Yoshinaga pay for the two GRUs with one decoder layer (6+5 layers
+            // against the Transformer's 6+6), which keeps the parameter counts close.
             "rnn-transformer" => {
                 config.recurrent_position = RecurrentPosition::Gru;
                 config.absolute_position = AbsolutePosition::None;
+                config.decoder_layers -= 1;
             }
             "rr-transformer" => {
                 config.recurrent_position = RecurrentPosition::Gru;
                 relative(&mut config, RelativeAttention::KeysValues);
+                config.decoder_layers -= 1;
             }
             "lstm-pe" => {
                 config.recurrent_position = RecurrentPosition::Lstm;
@@ -219,11 +223,12 @@ impl ModelConfig {
             // needs whole heads, so both take half the width here.
             "rpe-head" => config.recurrent_position = RecurrentPosition::RpeHead,
             "mpr-head" => config.recurrent_position = RecurrentPosition::MprHead,
+            // Neishi & Yoshinaga's baseline: 4 bi-LSTM encoder layers, 3 LSTM decoder layers.
             "rnn-nmt" => {
                 config.architecture = Architecture::RnnNmt;
                 config.absolute_position = AbsolutePosition::None;
-                config.encoder_layers = 2;
-                config.decoder_layers = 2;
+                config.encoder_layers = 4;
+                config.decoder_layers = 3;
             }
             _ => return Err(ConfigError::UnknownPreset(name.to_string())),
         }

@@ -180,14 +180,17 @@ impl From<TranslateError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(error_type = self.error_type(), "{self}");
-        } else {
-            tracing::debug!(
-                error_type = self.error_type(),
-                status = status.as_u16(),
-                "{self}"
-            );
+        let (error_type, code) = (self.error_type(), status.as_u16());
+        match self {
+            ApiError::Internal(_) => tracing::error!(error_type, status = code, "{self}"),
+            // Load shedding and slow requests: worth a look when frequent (the metrics count
+            // them), not a fault of the server.
+            ApiError::Overloaded(_) | ApiError::Timeout(_) => {
+                tracing::warn!(error_type, status = code, "{self}")
+            }
+            // Bad input, and 503s while warming up or draining (readiness probes poll
+            // through start-up): expected, so only at debug level.
+            _ => tracing::debug!(error_type, status = code, "{self}"),
         }
         let body = ErrorBody {
             error: self.to_string(),

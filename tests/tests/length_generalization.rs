@@ -335,7 +335,7 @@ fn relative_positions_sort_longer_strings_than_absolute_ones_through_the_server(
     let server = start_server_with_env(
         &[&absolute.package, &relative.package],
         &["--max-texts-per-request", "100"],
-        &[("RUST_LOG", "warn,nmt_server::error=off")],
+        &[("RUST_LOG", "warn")],
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
