@@ -169,9 +169,13 @@ fn check_serving(package: &Path, manifest: &Manifest, examples: &[Example]) {
 /// Runtime to candle: teacher-forced logits within [`LOGIT_TOLERANCE`], greedy outputs
 /// identical, on test verses and a source longer than any in training.
 fn check_parity(preset: &str) {
-    let work = tempfile::tempdir().unwrap();
     // Enough steps for distinct outputs, few enough for twelve presets in a test run.
-    let run = nmt_train::fixture::tiny_run_with(work.path(), preset, 100).unwrap();
+    check_parity_after(preset, 100)
+}
+
+fn check_parity_after(preset: &str, steps: usize) {
+    let work = tempfile::tempdir().unwrap();
+    let run = nmt_train::fixture::tiny_run_with(work.path(), preset, steps).unwrap();
     let package = work.path().join("package");
     model_export::export_package(&model_export::ExportArgs {
         checkpoint: run.checkpoint.clone(),
@@ -384,5 +388,6 @@ fn mpr_head() {
 
 #[test]
 fn rnn_nmt_baseline() {
-    check_parity("rnn-nmt-tiny");
+    // The LSTMs learn slower: at 100 steps greedy outputs are only 2 distinct of 7.
+    check_parity_after("rnn-nmt-tiny", 150);
 }
