@@ -234,6 +234,22 @@ impl Exporter<'_> {
         g.reshape(&pairs, &[-1, d as i64])
     }
 
+    /// `[n, width]` absolute position vectors of int64 `positions` `[n]`, if the model has
+    /// them (`table`: the learned table from [`Self::position_table`]).
+    fn absolute_positions(
+        &self,
+        g: &mut Graph,
+        positions: &str,
+        width: usize,
+        table: &Option<String>,
+    ) -> Option<String> {
+        match (self.config.absolute_position, table) {
+            (AbsolutePosition::Sinusoidal, _) => Some(self.sinusoid(g, positions, width)),
+            (AbsolutePosition::Learned, Some(t)) => Some(g.gather(t, positions, 0)),
+            _ => None,
+        }
+    }
+
     /// Scaled `words` `[batch, len, d]` with the order information of the stack's
     /// `position` encoder (run by `run_rnn`) and the absolute positions `absolute(width)`
     /// (broadcastable to `[batch, len, width]`), as `Transformer::embed_with_positions`.
@@ -364,23 +380,26 @@ impl Exporter<'_> {
             g.op("Range", &[&zero, &len, &one], vec![])
         });
         let position_table = self.position_table(&mut g)?;
-        let sequence_lens = sequence_lens(&mut g, &mask);
+        // Only a recurrent position encoder needs the lengths.
+        let sequence_lens = self
+            .model
+            .encoder
+            .position
+            .as_ref()
+            .map(|_| sequence_lens(&mut g, &mask));
         let mut x = g.scoped("embed", |g| {
             let words = self.embed(g, &table, &ids);
             self.embed_with_positions(
                 g,
                 words,
                 &self.model.encoder.position,
-                |g, rnn, x| crate::recurrent::sequence(g, rnn, x, &sequence_lens),
-                |g, width| {
-                    Ok(match (cfg.absolute_position, &position_table) {
-                        (AbsolutePosition::Sinusoidal, _) => {
-                            Some(self.sinusoid(g, &positions, width))
-                        }
-                        (AbsolutePosition::Learned, Some(t)) => Some(g.gather(t, &positions, 0)),
-                        _ => None,
-                    })
+                |g, rnn, x| {
+                    let lens = sequence_lens
+                        .as_ref()
+                        .expect("computed for the encoder's RNN");
+                    crate::recurrent::sequence(g, rnn, x, lens)
                 },
+                |g, width| Ok(self.absolute_positions(g, &positions, width, &position_table)),
             )
         })?;
         // Relative table rows of every (query, key) pair: key position minus query position.
@@ -516,13 +535,7 @@ impl Exporter<'_> {
                     )
                 },
                 |g, width| {
-                    let pe = match (cfg.absolute_position, &position_table) {
-                        (AbsolutePosition::Sinusoidal, _) => {
-                            Some(self.sinusoid(g, &positions, width))
-                        }
-                        (AbsolutePosition::Learned, Some(t)) => Some(g.gather(t, &positions, 0)),
-                        _ => None,
-                    };
+                    let pe = self.absolute_positions(g, &positions, width, &position_table);
                     Ok(pe.map(|pe| g.unsqueeze(&pe, &[1])))
                 },
             )

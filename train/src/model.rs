@@ -130,6 +130,40 @@ impl RelativeTables {
     }
 }
 
+/// The embedding table `[vocab, d]` shared by the source, the target and the output
+/// projection (one vocabulary for both languages), drawn from N(0, d^-1/2).
+pub fn embedding_table(config: &ModelConfig, vb: &VarBuilder) -> Result<Tensor> {
+    vb.get_with_hints(
+        (config.vocab_size, config.d_model),
+        "embed.weight",
+        candle_nn::Init::Randn {
+            mean: 0.0,
+            stdev: (config.d_model as f64).powf(-0.5),
+        },
+    )
+}
+
+/// Embeddings of `[batch, len]` ids scaled by `sqrt(d)`: `[batch, len, d]`.
+pub fn embed_scaled(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let (b, t) = ids.dims2()?;
+    let d = table.dim(1)?;
+    let words = table
+        .index_select(&ids.flatten_all()?, 0)?
+        .reshape((b, t, d))?;
+    words * (d as f64).sqrt()
+}
+
+/// Logits `[batch, len, vocab]` of decoder outputs `x` `[batch, len, d]` through the tied
+/// embedding `table`.
+pub fn tied_logits(x: &Tensor, table: &Tensor) -> Result<Tensor> {
+    // One [rows*len, d] x [d, vocab] product: broadcast_matmul would materialise a copy of
+    // the embedding table per row (and sum them again in the backward pass).
+    let (b, t, d) = x.dims3()?;
+    x.reshape((b * t, d))?
+        .matmul(&table.t()?)?
+        .reshape((b, t, ()))
+}
+
 /// Layer normalisation written with differentiable ops: candle's fused kernel has no
 /// backward pass.
 #[derive(Clone, Debug)]
@@ -420,14 +454,7 @@ impl Transformer {
             )?),
             _ => None,
         };
-        let embed = vb.get_with_hints(
-            (config.vocab_size, d),
-            "embed.weight",
-            candle_nn::Init::Randn {
-                mean: 0.0,
-                stdev: (d as f64).powf(-0.5),
-            },
-        )?;
+        let embed = embedding_table(&config, &vb)?;
         let final_norm = |vb: VarBuilder| match config.norm {
             NormPlacement::Pre => {
                 LayerNorm::new(d, config.layer_norm_eps, vb.pp("final_norm")).map(Some)
@@ -488,13 +515,9 @@ impl Transformer {
         position: &Option<PositionEncoder>,
         dropout: &Dropout,
     ) -> Result<Tensor> {
-        let (b, t) = ids.dims2()?;
+        let t = ids.dim(1)?;
         let d = self.config.d_model;
-        let words = self
-            .embed
-            .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, t, d))?;
-        let words = (words * (d as f64).sqrt())?;
+        let words = embed_scaled(&self.embed, ids)?;
         let positions = Tensor::arange(0u32, t as u32, ids.device())?;
         let (words, recurrent) = match position {
             Some(PositionEncoder::Rnn(rnn)) => (rnn.run(&words, mask)?.0, None),
@@ -593,12 +616,7 @@ impl Seq2Seq for Transformer {
         if let Some(n) = &self.decoder.final_norm {
             x = n.forward(&x)?;
         }
-        // One [rows*len, d] x [d, vocab] product: broadcast_matmul would materialise a copy
-        // of the embedding table per row (and sum them again in the backward pass).
-        let (b, t, d) = x.dims3()?;
-        x.reshape((b * t, d))?
-            .matmul(&self.embed.t()?)?
-            .reshape((b, t, ()))
+        tied_logits(&x, &self.embed)
     }
 }
 

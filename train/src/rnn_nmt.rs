@@ -16,7 +16,7 @@ use candle_nn::{Linear, VarBuilder};
 use model_package::{Architecture, ModelConfig};
 
 use crate::dropout::Dropout;
-use crate::model::MASKED_SCORE;
+use crate::model::{embed_scaled, embedding_table, tied_logits, MASKED_SCORE};
 use crate::recurrent::{Cell, Rnn, State};
 
 #[derive(Clone, Debug)]
@@ -58,14 +58,7 @@ impl RnnNmt {
             candle_core::bail!("preset {}: not an rnn_nmt config", config.preset);
         }
         let d = config.d_model;
-        let embed = vb.get_with_hints(
-            (config.vocab_size, d),
-            "embed.weight",
-            candle_nn::Init::Randn {
-                mean: 0.0,
-                stdev: (d as f64).powf(-0.5),
-            },
-        )?;
+        let embed = embedding_table(&config, &vb)?;
         let vb_enc = vb.pp("encoder.layers");
         let encoder = RnnEncoder {
             layers: (0..config.encoder_layers)
@@ -90,24 +83,13 @@ impl RnnNmt {
         })
     }
 
-    /// Scaled embeddings of `[batch, len]` ids -> `[batch, len, d]`.
-    fn embed(&self, ids: &Tensor) -> Result<Tensor> {
-        let (b, t) = ids.dims2()?;
-        let d = self.config.d_model;
-        let words = self
-            .embed
-            .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, t, d))?;
-        words * (d as f64).sqrt()
-    }
-
     pub fn encode(
         &self,
         source_ids: &Tensor,
         source_mask: &Tensor,
         dropout: &Dropout,
     ) -> Result<Tensor> {
-        let mut x = dropout.apply(&self.embed(source_ids)?)?;
+        let mut x = dropout.apply(&embed_scaled(&self.embed, source_ids)?)?;
         for layer in &self.encoder.layers {
             x = dropout.apply(&layer.run(&x, Some(source_mask))?.0)?;
         }
@@ -180,7 +162,7 @@ impl RnnNmt {
         dropout: &Dropout,
     ) -> Result<Tensor> {
         let (b, t) = target_ids.dims2()?;
-        let words = dropout.apply(&self.embed(target_ids)?)?;
+        let words = dropout.apply(&embed_scaled(&self.embed, target_ids)?)?;
         let bias = Self::source_bias(source_mask)?;
         let mut state = self.initial_state(b, memory)?;
         let mut outputs = Vec::with_capacity(t);
@@ -190,11 +172,7 @@ impl RnnNmt {
             outputs.push(out);
             state = next;
         }
-        let x = Tensor::stack(&outputs, 1)?;
-        let d = self.config.d_model;
-        x.reshape((b * t, d))?
-            .matmul(&self.embed.t()?)?
-            .reshape((b, t, ()))
+        tied_logits(&Tensor::stack(&outputs, 1)?, &self.embed)
     }
 }
 
