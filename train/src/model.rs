@@ -413,7 +413,12 @@ pub struct Transformer {
 /// `[batch, len]` mask of 1/0 -> additive `[batch, 1, 1, len]` bias.
 pub fn padding_bias(mask: &Tensor) -> Result<Tensor> {
     let (b, t) = mask.dims2()?;
-    ((mask - 1.0)? * -MASKED_SCORE)?.reshape((b, 1, 1, t))
+    additive_mask(mask)?.reshape((b, 1, 1, t))
+}
+
+/// A 1/0 mask -> an additive bias of the same shape: 0, or [`MASKED_SCORE`] where 0.
+pub fn additive_mask(mask: &Tensor) -> Result<Tensor> {
+    (mask - 1.0)? * -MASKED_SCORE
 }
 
 /// `[len, len]` bias that hides future positions.
@@ -735,24 +740,6 @@ impl Seq2Seq for Model {
         dropout: &Dropout,
     ) -> Result<Tensor> {
         self.inner().decode(ids, memory, mask, dropout)
-    }
-}
-
-impl Seq2Seq for RnnNmt {
-    fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-    fn encode(&self, ids: &Tensor, mask: &Tensor, dropout: &Dropout) -> Result<Tensor> {
-        RnnNmt::encode(self, ids, mask, dropout)
-    }
-    fn decode(
-        &self,
-        ids: &Tensor,
-        memory: &Tensor,
-        mask: &Tensor,
-        dropout: &Dropout,
-    ) -> Result<Tensor> {
-        RnnNmt::decode(self, ids, memory, mask, dropout)
     }
 }
 

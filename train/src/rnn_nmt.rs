@@ -16,7 +16,7 @@ use candle_nn::{Linear, VarBuilder};
 use model_package::{Architecture, ModelConfig};
 
 use crate::dropout::Dropout;
-use crate::model::{embed_scaled, embedding_table, tied_logits, MASKED_SCORE};
+use crate::model::{additive_mask, embed_scaled, embedding_table, tied_logits, Seq2Seq};
 use crate::recurrent::{Cell, Rnn, State};
 
 #[derive(Clone, Debug)]
@@ -83,19 +83,6 @@ impl RnnNmt {
         })
     }
 
-    pub fn encode(
-        &self,
-        source_ids: &Tensor,
-        source_mask: &Tensor,
-        dropout: &Dropout,
-    ) -> Result<Tensor> {
-        let mut x = dropout.apply(&embed_scaled(&self.embed, source_ids)?)?;
-        for layer in &self.encoder.layers {
-            x = dropout.apply(&layer.run(&x, Some(source_mask))?.0)?;
-        }
-        Ok(x)
-    }
-
     /// Zero state for `batch` rows: nothing decoded yet.
     pub fn initial_state(&self, batch: usize, like: &Tensor) -> Result<DecoderState> {
         let d = self.config.d_model;
@@ -109,7 +96,7 @@ impl RnnNmt {
 
     /// One target step: `word` `[batch, d]` (the scaled embedding of the previous token),
     /// `memory` `[batch, src_len, d]`, `source_bias` `[batch, src_len]` (0 or
-    /// [`MASKED_SCORE`]) -> `h~_t` `[batch, d]` and the next state.
+    /// [`crate::model::MASKED_SCORE`]) -> `h~_t` `[batch, d]` and the next state.
     pub fn step(
         &self,
         word: &Tensor,
@@ -147,14 +134,29 @@ impl RnnNmt {
             },
         ))
     }
+}
 
-    /// `[batch, src_len]` 1/0 mask -> additive `[batch, src_len]` bias.
-    pub fn source_bias(source_mask: &Tensor) -> Result<Tensor> {
-        (source_mask - 1.0)? * -MASKED_SCORE
+/// Input feeding makes the decoder sequential, so training's teacher-forced pass runs it one
+/// step at a time as well.
+impl Seq2Seq for RnnNmt {
+    fn config(&self) -> &ModelConfig {
+        &self.config
     }
 
-    /// Teacher-forced decoder, one step at a time (input feeding is sequential by nature).
-    pub fn decode(
+    fn encode(
+        &self,
+        source_ids: &Tensor,
+        source_mask: &Tensor,
+        dropout: &Dropout,
+    ) -> Result<Tensor> {
+        let mut x = dropout.apply(&embed_scaled(&self.embed, source_ids)?)?;
+        for layer in &self.encoder.layers {
+            x = dropout.apply(&layer.run(&x, Some(source_mask))?.0)?;
+        }
+        Ok(x)
+    }
+
+    fn decode(
         &self,
         target_ids: &Tensor,
         memory: &Tensor,
@@ -163,7 +165,7 @@ impl RnnNmt {
     ) -> Result<Tensor> {
         let (b, t) = target_ids.dims2()?;
         let words = dropout.apply(&embed_scaled(&self.embed, target_ids)?)?;
-        let bias = Self::source_bias(source_mask)?;
+        let bias = additive_mask(source_mask)?;
         let mut state = self.initial_state(b, memory)?;
         let mut outputs = Vec::with_capacity(t);
         for i in 0..t {
@@ -180,7 +182,6 @@ impl RnnNmt {
 mod tests {
     use super::*;
     use crate::max_abs_diff;
-    use crate::model::Seq2Seq;
     use candle_core::{DType, Device};
     use candle_nn::VarMap;
 
