@@ -55,8 +55,8 @@ fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Result<()> {
 
 /// Writes the package and returns its manifest.
 pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
-    let model = nmt_train::checkpoint::load_model(&args.checkpoint, &Device::Cpu)?;
-    let state = nmt_train::checkpoint::load_state(&args.checkpoint).ok();
+    let model = nmt_train::train::checkpoint::load_model(&args.checkpoint, &Device::Cpu)?;
+    let state = nmt_train::train::checkpoint::load_state(&args.checkpoint).ok();
     let tokenizer = match (&args.tokenizer, &state) {
         (Some(t), _) => t.clone(),
         (None, Some(s)) => PathBuf::from(&s.tokenizer),

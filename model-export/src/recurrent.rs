@@ -1,9 +1,9 @@
-//! ONNX `GRU` and `LSTM` nodes for [`nmt_train::recurrent::Rnn`]: the whole sequence (the
+//! ONNX `GRU` and `LSTM` nodes for [`nmt_train::model::recurrent::Rnn`]: the whole sequence (the
 //! encoder, with `sequence_lens` so that the backward direction starts at each row's last
 //! real token) or one step from a carried state (the decoder).
 
 use candle_core::Tensor;
-use nmt_train::recurrent::{Cell, Direction, Rnn};
+use nmt_train::model::recurrent::{Cell, Direction, Rnn};
 
 use crate::graph::{attr_int, attr_string, Graph};
 

@@ -1,10 +1,10 @@
-//! ONNX graphs of [`nmt_train::rnn_nmt::RnnNmt`] under the same decoder-step contract as the
+//! ONNX graphs of [`nmt_train::model::rnn_nmt::RnnNmt`] under the same decoder-step contract as the
 //! Transformer: the encoder writes `memory.context` (the top bi-LSTM states) once per
 //! sentence; one decoder step carries every LSTM layer's `h`/`c` and the input feed as
 //! fixed-size `past.*`/`present.*` state (no time axis: nothing grows with the output).
 
 use model_package::{names, Dim, StateSpec};
-use nmt_train::rnn_nmt::RnnNmt;
+use nmt_train::model::rnn_nmt::RnnNmt;
 
 use crate::graph::{Axis, ElemType, Graph};
 use crate::proto::ModelProto;

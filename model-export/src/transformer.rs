@@ -8,11 +8,11 @@
 use candle_core::Tensor;
 use candle_nn::Linear;
 use model_package::{names, AbsolutePosition, Dim, ModelConfig, NormPlacement, StateSpec};
+use nmt_train::model::recurrent::{Cell, Rnn};
 use nmt_train::model::{
     sinusoid_inverse_frequencies, Attention, FeedForward, LayerNorm, PositionEncoder,
     RelativeTables, Transformer, MASKED_SCORE,
 };
-use nmt_train::recurrent::{Cell, Rnn};
 
 use crate::graph::{attr_int, Axis, ElemType, Graph};
 use crate::proto::ModelProto;

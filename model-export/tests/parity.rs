@@ -8,9 +8,9 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use model_package::{files, names, special, Manifest};
-use nmt_train::batch::{Batch, Example};
-use nmt_train::dropout::Dropout;
+use nmt_train::model::Dropout;
 use nmt_train::model::Seq2Seq;
+use nmt_train::train::batch::{Batch, Example};
 use ort::session::Session;
 use ort::value::{DynValue, Tensor as OrtTensor};
 
@@ -204,12 +204,12 @@ fn check_parity_after(preset: &str, steps: usize) {
         String::from_utf8_lossy(&checker.stderr)
     );
 
-    let model = nmt_train::checkpoint::load_model(&run.checkpoint, &Device::Cpu).unwrap();
+    let model = nmt_train::train::checkpoint::load_model(&run.checkpoint, &Device::Cpu).unwrap();
     let tokenizer = tokenizers::Tokenizer::from_file(package.join(files::TOKENIZER)).unwrap();
     // Real held-out verses, plus one source longer than anything in the tiny training set.
     let mut pairs = nmt_train::corpus::read_parallel(&run.corpus, "test").unwrap();
     pairs.truncate(6);
-    let longest_train = nmt_train::trainer::encode_pairs(
+    let longest_train = nmt_train::train::encode_pairs(
         &tokenizer,
         &nmt_train::corpus::read_parallel(&run.corpus, "train").unwrap(),
         usize::MAX,
@@ -224,9 +224,9 @@ fn check_parity_after(preset: &str, steps: usize) {
         .map(|(en, _)| en.as_str())
         .collect::<Vec<_>>()
         .join(" ");
-    let examples = nmt_train::trainer::encode_pairs(&tokenizer, &pairs, usize::MAX).unwrap();
+    let examples = nmt_train::train::encode_pairs(&tokenizer, &pairs, usize::MAX).unwrap();
     let mut examples = examples;
-    let long = nmt_train::trainer::encode_pairs(
+    let long = nmt_train::train::encode_pairs(
         &tokenizer,
         &[(long_source, pairs[0].1.clone())],
         usize::MAX,

@@ -147,7 +147,7 @@ async fn translates_over_http_like_the_training_forward_pass() {
     wait_until_ready(&client, &server).await;
 
     let checkpoint = work.join("run").join("best");
-    let model = nmt_train::checkpoint::load_model(&checkpoint, &Device::Cpu).unwrap();
+    let model = nmt_train::train::checkpoint::load_model(&checkpoint, &Device::Cpu).unwrap();
     let tokenizer =
         nmt_train::tokenizer::load(&package.join(model_package::files::TOKENIZER)).unwrap();
     let manifest = model_package::Manifest::load(&package).unwrap();

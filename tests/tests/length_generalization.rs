@@ -207,7 +207,7 @@ struct Trained {
 fn train_and_export(work: &Path, preset: &'static str) -> Trained {
     let dir = work.join(preset);
     let started = Instant::now();
-    let report = nmt_train::trainer::train(&nmt_train::trainer::TrainArgs {
+    let report = nmt_train::train::train(&nmt_train::train::TrainArgs {
         corpus: work.join("corpus"),
         tokenizer: work.join("tokenizer.json"),
         preset: preset.to_string(),

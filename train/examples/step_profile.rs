@@ -10,10 +10,10 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use model_package::ModelConfig;
-use nmt_train::dropout::Dropout;
-use nmt_train::loss::label_smoothed_loss;
+use nmt_train::model::Dropout;
 use nmt_train::model::{Model, Seq2Seq};
-use nmt_train::optim::Adam;
+use nmt_train::ops::cross_entropy::label_smoothed_loss;
+use nmt_train::train::optim::Adam;
 
 const VOCAB: usize = 8000;
 

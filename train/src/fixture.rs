@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::corpus::{self, CorpusArgs};
-use crate::trainer::{self, TrainArgs, TrainReport};
+use crate::train::{self as trainer, TrainArgs, TrainReport};
 
 pub struct TinyRun {
     pub corpus: PathBuf,

@@ -1,17 +1,11 @@
 //! Training side of the project: corpus, tokenizer, candle models, training loop, checkpoints.
 
-pub mod batch;
-pub mod checkpoint;
 pub mod corpus;
-pub mod dropout;
 pub mod fixture;
-pub mod loss;
 pub mod model;
-pub mod optim;
-pub mod recurrent;
-pub mod rnn_nmt;
+pub mod ops;
 pub mod tokenizer;
-pub mod trainer;
+pub mod train;
 
 /// candle allocates a fresh buffer for every op's output. glibc serves large buffers with
 /// `mmap` and unmaps them on free, so each op page-faults (and the kernel zeroes) its output

@@ -16,7 +16,7 @@ enum Command {
     /// Train the shared source/target Unigram tokenizer on the training split.
     Tokenizer(nmt_train::tokenizer::TokenizerArgs),
     /// Train a model and write checkpoints.
-    Train(nmt_train::trainer::TrainArgs),
+    Train(nmt_train::train::TrainArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -24,6 +24,6 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Corpus(args) => nmt_train::corpus::run(args),
         Command::Tokenizer(args) => nmt_train::tokenizer::run(args),
-        Command::Train(args) => nmt_train::trainer::run(args),
+        Command::Train(args) => nmt_train::train::run(args),
     }
 }

@@ -1,9 +1,9 @@
 //! The training pipeline on real data: corpus -> tokenizer -> a tiny model whose dev loss
 //! falls, and a resumed run that continues where the first stopped.
 
-use nmt_train::checkpoint;
 use nmt_train::fixture::tiny_run_with;
-use nmt_train::trainer::{train, TrainArgs};
+use nmt_train::train::checkpoint;
+use nmt_train::train::{train, TrainArgs};
 
 #[test]
 fn tiny_model_learns_and_resumes() {

@@ -15,9 +15,10 @@ use candle_core::{Module, Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
 use model_package::{Architecture, ModelConfig};
 
-use crate::dropout::Dropout;
-use crate::model::{additive_mask, embed_scaled, embedding_table, tied_logits, Seq2Seq};
-use crate::recurrent::{Cell, Rnn, State};
+use super::dropout::Dropout;
+use super::layers::{additive_mask, embed_scaled, embedding_table, tied_logits};
+use super::recurrent::{Cell, Rnn, State};
+use super::seq2seq::Seq2Seq;
 
 #[derive(Clone, Debug)]
 pub struct RnnEncoder {
@@ -96,7 +97,7 @@ impl RnnNmt {
 
     /// One target step: `word` `[batch, d]` (the scaled embedding of the previous token),
     /// `memory` `[batch, src_len, d]`, `source_bias` `[batch, src_len]` (0 or
-    /// [`crate::model::MASKED_SCORE`]) -> `h~_t` `[batch, d]` and the next state.
+    /// [`super::layers::MASKED_SCORE`]) -> `h~_t` `[batch, d]` and the next state.
     pub fn step(
         &self,
         word: &Tensor,

@@ -2,7 +2,7 @@
 //! batches, gradient clipping, periodic dev loss, checkpoints that resume exactly.
 //!
 //! A run directory holds `last/` (written every `--save-every` steps and at the end) and
-//! `best/` (lowest dev loss so far); each is a checkpoint (see [`crate::checkpoint`]).
+//! `best/` (lowest dev loss so far); each is a checkpoint (see [`checkpoint`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -15,12 +15,15 @@ use model_package::ModelConfig;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::batch::{token_batches, Batch, Example};
-use crate::checkpoint::{self, TrainerState};
-use crate::dropout::Dropout;
-use crate::loss::label_smoothed_loss;
-use crate::model::{Model, Seq2Seq};
-use crate::optim::{learning_rate, Adam};
+use crate::model::{Dropout, Model, Seq2Seq};
+use crate::ops::cross_entropy::label_smoothed_loss;
+use batch::{token_batches, Batch, Example};
+use checkpoint::TrainerState;
+use optim::{learning_rate, Adam};
+
+pub mod batch;
+pub mod checkpoint;
+pub mod optim;
 
 /// Without a progress bar (`--quiet`), a status line every this many steps.
 const QUIET_LOG_EVERY: usize = 50;

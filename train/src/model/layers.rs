@@ -1,0 +1,171 @@
+//! The building blocks both families share: the one embedding table (source, target and
+//! output projection), sinusoidal positions, layer normalisation, the feed-forward block,
+//! residual connections and attention masks.
+
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+use model_package::{ModelConfig, NormPlacement};
+
+use super::dropout::Dropout;
+
+/// Added to attention scores at masked keys. Large and finite so that a fully padded row
+/// still gives a defined softmax; the ONNX graphs use the same value.
+pub const MASKED_SCORE: f64 = -1e9;
+
+/// `10000^(-2i/d)` for `i` in `0..d/2`: the angle of position `p` in dims `2i` and `2i+1` is
+/// `p * inverse_frequencies[i]`. Computed in f64 once and shared with the exporter so both
+/// sides start from identical f32 constants.
+pub fn sinusoid_inverse_frequencies(d_model: usize) -> Vec<f32> {
+    (0..d_model / 2)
+        .map(|i| 10000f64.powf(-2.0 * i as f64 / d_model as f64) as f32)
+        .collect()
+}
+
+/// Vaswani et al.'s encoding for the given positions: `[n, d]`, `sin` on even dims, `cos` on
+/// odd dims.
+pub fn sinusoid(positions: &Tensor, d_model: usize) -> Result<Tensor> {
+    sinusoid_of(&positions.to_dtype(DType::F32)?, d_model)
+}
+
+/// [`sinusoid`] of f32 values (which may be negative: relative distances).
+pub(crate) fn sinusoid_of(values: &Tensor, d_model: usize) -> Result<Tensor> {
+    let n = values.dim(0)?;
+    let inv = Tensor::new(sinusoid_inverse_frequencies(d_model), values.device())?;
+    let angles = values
+        .reshape((n, 1))?
+        .broadcast_mul(&inv.reshape((1, d_model / 2))?)?;
+    Tensor::stack(&[angles.sin()?, angles.cos()?], 2)?.reshape((n, d_model))
+}
+
+/// The embedding table `[vocab, d]` shared by the source, the target and the output
+/// projection (one vocabulary for both languages), drawn from N(0, d^-1/2).
+pub fn embedding_table(config: &ModelConfig, vb: &VarBuilder) -> Result<Tensor> {
+    vb.get_with_hints(
+        (config.vocab_size, config.d_model),
+        "embed.weight",
+        candle_nn::Init::Randn {
+            mean: 0.0,
+            stdev: (config.d_model as f64).powf(-0.5),
+        },
+    )
+}
+
+/// Embeddings of `[batch, len]` ids scaled by `sqrt(d)`: `[batch, len, d]`.
+pub fn embed_scaled(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let (b, t) = ids.dims2()?;
+    let d = table.dim(1)?;
+    let words = table
+        .index_select(&ids.flatten_all()?, 0)?
+        .reshape((b, t, d))?;
+    words * (d as f64).sqrt()
+}
+
+/// Logits `[batch, len, vocab]` of decoder outputs `x` `[batch, len, d]` through the tied
+/// embedding `table`.
+pub fn tied_logits(x: &Tensor, table: &Tensor) -> Result<Tensor> {
+    // One [rows*len, d] x [d, vocab] product: broadcast_matmul would materialise a copy of
+    // the embedding table per row (and sum them again in the backward pass).
+    let (b, t, d) = x.dims3()?;
+    x.reshape((b * t, d))?
+        .matmul(&table.t()?)?
+        .reshape((b, t, ()))
+}
+
+/// Layer normalisation written with differentiable ops: candle's fused kernel has no
+/// backward pass.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub(crate) fn new(d: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get_with_hints(d, "weight", candle_nn::Init::Const(1.0))?,
+            bias: vb.get_with_hints(d, "bias", candle_nn::Init::Const(0.0))?,
+            eps,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+        centered
+            .broadcast_div(&(var + self.eps)?.sqrt()?)?
+            .broadcast_mul(&self.weight)?
+            .broadcast_add(&self.bias)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct FeedForward {
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl FeedForward {
+    pub(crate) fn new(config: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(Self {
+            fc1: candle_nn::linear(config.d_model, config.ffn_dim, vb.pp("fc1"))?,
+            fc2: candle_nn::linear(config.ffn_dim, config.d_model, vb.pp("fc2"))?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, dropout: &Dropout) -> Result<Tensor> {
+        let hidden = dropout.apply(&self.fc1.forward(x)?.relu()?)?;
+        self.fc2.forward(&hidden)
+    }
+}
+
+/// One residual block around `sublayer`, with the norm where the config puts it.
+pub fn residual(
+    x: &Tensor,
+    norm: &LayerNorm,
+    placement: NormPlacement,
+    dropout: &Dropout,
+    sublayer: impl FnOnce(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    match placement {
+        NormPlacement::Pre => x + dropout.apply(&sublayer(&norm.forward(x)?)?)?,
+        NormPlacement::Post => norm.forward(&(x + dropout.apply(&sublayer(x)?)?)?),
+    }
+}
+
+/// `[batch, len]` mask of 1/0 -> additive `[batch, 1, 1, len]` bias.
+pub fn padding_bias(mask: &Tensor) -> Result<Tensor> {
+    let (b, t) = mask.dims2()?;
+    additive_mask(mask)?.reshape((b, 1, 1, t))
+}
+
+/// A 1/0 mask -> an additive bias of the same shape: 0, or [`MASKED_SCORE`] where 0.
+pub fn additive_mask(mask: &Tensor) -> Result<Tensor> {
+    (mask - 1.0)? * -MASKED_SCORE
+}
+
+/// `[len, len]` bias that hides future positions.
+pub fn causal_bias(len: usize, device: &Device) -> Result<Tensor> {
+    let values: Vec<f32> = (0..len)
+        .flat_map(|q| (0..len).map(move |k| if k > q { MASKED_SCORE as f32 } else { 0.0 }))
+        .collect();
+    Tensor::from_vec(values, (len, len), device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sinusoid_interleaves_sin_and_cos() {
+        let pe = sinusoid(&Tensor::new(&[0u32, 3], &Device::Cpu).unwrap(), 4).unwrap();
+        let pe = pe.to_vec2::<f32>().unwrap();
+        assert_eq!(pe[0], vec![0.0, 1.0, 0.0, 1.0]);
+        let inv = sinusoid_inverse_frequencies(4);
+        assert!((pe[1][0] - (3.0 * inv[0]).sin()).abs() < 1e-6);
+        assert!((pe[1][3] - (3.0 * inv[1]).cos()).abs() < 1e-6);
+    }
+}
