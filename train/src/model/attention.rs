@@ -1,10 +1,13 @@
 //! Multi-head attention, with Shaw et al.'s relative position vectors in self-attention.
 
-use candle_core::{Device, Module, Result, Tensor, D};
+use candle_core::{Device, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 use model_package::{ModelConfig, RelativeAttention};
 
-use super::layers::sinusoid_of;
+use crate::ops;
+pub use crate::ops::attention::Keys;
+
+use super::layers::{project, sinusoid_of};
 
 /// Shaw et al.'s table index of each (query, key) pair: `clip(key - query, -k, k) + k`, in
 /// `0..=2k`. Row `i` is query `query_positions[i]`, column `j` key `key_positions[j]`.
@@ -82,13 +85,6 @@ impl RelativeTables {
             }
         })
     }
-
-    /// `[lq, lk, head_dim]` vectors of `table` for the pairs' indices.
-    fn gather(table: &Tensor, indices: &Tensor, lq: usize, lk: usize) -> Result<Tensor> {
-        table
-            .index_select(indices, 0)?
-            .reshape((lq, lk, table.dim(1)?))
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -122,68 +118,51 @@ impl Attention {
         })
     }
 
-    /// `[batch, len, d]` -> `[batch, heads, len, head_dim]`
-    fn split_heads(&self, x: &Tensor) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
-        x.reshape((b, t, self.num_heads, self.head_dim))?
-            .transpose(1, 2)?
-            .contiguous()
-    }
-
-    /// `bias` broadcasts to `[batch, heads, query_len, key_len]` and holds 0 or
-    /// [`MASKED_SCORE`].
-    pub fn forward(&self, query: &Tensor, key_value: &Tensor, bias: &Tensor) -> Result<Tensor> {
-        let (b, tq, d) = query.dims3()?;
-        let tk = key_value.dim(1)?;
-        let q = self.split_heads(&self.q_proj.forward(query)?)?;
-        let k = self.split_heads(&self.k_proj.forward(key_value)?)?;
-        let v = self.split_heads(&self.v_proj.forward(key_value)?)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let mut scores = q.matmul(&k.t()?)?;
-        // Queries and keys of self-attention sit at positions 0..len (padding at the end).
-        let relative = match &self.relative {
-            Some(tables) => {
-                let positions: Vec<i64> = (0..tq.max(tk) as i64).collect();
-                let indices = relative_indices(&positions[..tq], &positions[..tk], tables.clip);
-                Some((tables, Tensor::from_vec(indices, tq * tk, query.device())?))
-            }
+    /// Self-attention of `x` `[batch, len, d]`, each query seeing `keys`.
+    pub fn self_attention(&self, x: &Tensor, keys: &Keys) -> Result<Tensor> {
+        let qkv = fused_linear(x, &[&self.q_proj, &self.k_proj, &self.v_proj])?;
+        let tables = match &self.relative {
+            Some(t) => Some(match &t.values {
+                Some(values) => Tensor::stack(&[&t.keys, values], 0)?,
+                None => t.keys.unsqueeze(0)?,
+            }),
             None => None,
         };
-        if let Some((tables, indices)) = &relative {
-            // q . a_ij for every pair: per query i, [b*h, dh] x [dh, tk].
-            let a_k = RelativeTables::gather(&tables.keys, indices, tq, tk)?;
-            let q_by_query = q
-                .reshape((b * self.num_heads, tq, self.head_dim))?
-                .transpose(0, 1)?;
-            let rel = q_by_query
-                .contiguous()?
-                .matmul(&a_k.transpose(1, 2)?.contiguous()?)?
-                .transpose(0, 1)?
-                .reshape((b, self.num_heads, tq, tk))?;
-            scores = (scores + rel)?;
-        }
-        let scores = (scores * scale)?.broadcast_add(bias)?;
-        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let mut context = probs.matmul(&v)?;
-        if let Some((tables, indices)) = &relative {
-            if let Some(values) = &tables.values {
-                let a_v = RelativeTables::gather(values, indices, tq, tk)?;
-                let p_by_query = probs
-                    .reshape((b * self.num_heads, tq, tk))?
-                    .transpose(0, 1)?
-                    .contiguous()?;
-                let rel = p_by_query.matmul(&a_v)?.transpose(0, 1)?.reshape((
-                    b,
-                    self.num_heads,
-                    tq,
-                    self.head_dim,
-                ))?;
-                context = (context + rel)?;
-            }
-        }
-        let context = context.transpose(1, 2)?.reshape((b, tq, d))?;
-        self.out_proj.forward(&context)
+        let relative = self
+            .relative
+            .as_ref()
+            .zip(tables.as_ref())
+            .map(|(t, tables)| ops::attention::Relative {
+                tables,
+                clip: t.clip,
+                values: t.values.is_some(),
+            });
+        let context = ops::attention::self_attention(&qkv, self.num_heads, keys.clone(), relative)?;
+        project(&self.out_proj, &context)
     }
+
+    /// Attention of `query` `[batch, tq, d]` over `memory` `[batch, tk, d]`.
+    pub fn cross_attention(&self, query: &Tensor, memory: &Tensor, keys: &Keys) -> Result<Tensor> {
+        let q = project(&self.q_proj, query)?;
+        let kv = fused_linear(memory, &[&self.k_proj, &self.v_proj])?;
+        let context = ops::attention::cross_attention(&q, &kv, self.num_heads, keys.clone())?;
+        project(&self.out_proj, &context)
+    }
+}
+
+/// Several projections of the same input as one matrix product, side by side:
+/// `[batch, len, sum of outputs]`.
+fn fused_linear(x: &Tensor, projections: &[&Linear]) -> Result<Tensor> {
+    let weights: Vec<&Tensor> = projections.iter().map(|p| p.weight()).collect();
+    let biases: Vec<&Tensor> = projections
+        .iter()
+        .map(|p| p.bias().expect("attention projections have biases"))
+        .collect();
+    crate::ops::linear::linear(
+        x,
+        &Tensor::cat(&weights, 0)?,
+        Some(&Tensor::cat(&biases, 0)?),
+    )
 }
 
 #[cfg(test)]
@@ -191,6 +170,7 @@ mod tests {
     use super::*;
     use crate::max_abs_diff;
     use candle_core::DType;
+    use candle_core::Module;
     use candle_nn::VarMap;
 
     #[test]
@@ -233,8 +213,7 @@ mod tests {
         let dev = Device::Cpu;
         let (t, d, h, dh) = (5, 32, 2, 16);
         let x = Tensor::randn(0f32, 1.0, (1, t, d), &dev).unwrap();
-        let bias = Tensor::zeros((1, 1, 1, t), DType::F32, &dev).unwrap();
-        let got = attn.forward(&x, &x, &bias).unwrap();
+        let got = attn.self_attention(&x, &Keys::Lengths(vec![t])).unwrap();
 
         let heads = |lin: &Linear| -> Vec<Vec<Vec<f32>>> {
             // [h][t][dh]

@@ -1,44 +1,69 @@
-//! Seeded dropout. candle cannot seed its CPU generator, so masks are drawn from our own
-//! RNG: a training run is reproducible from its seed.
+//! Seeded dropout. candle cannot seed its CPU generator, so masks come from our own
+//! counter-based generator ([`crate::ops::dropout`]): a training run is reproducible from its
+//! seed, and each call of a step draws a different mask.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 
 use candle_core::{Result, Tensor};
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+
+use crate::ops::dropout::{self as kernels, Mask};
 
 pub struct Dropout {
     p: f32,
-    rng: Option<RefCell<SmallRng>>,
+    seed: u64,
+    /// Masks drawn so far: the next one is keyed by `(seed, calls)`.
+    calls: Cell<u64>,
 }
 
 impl Dropout {
     /// Inference: the identity.
     pub fn off() -> Self {
-        Self { p: 0.0, rng: None }
+        Self::new(0.0, 0)
     }
 
     pub fn new(p: f32, seed: u64) -> Self {
-        if p == 0.0 {
-            return Self::off();
-        }
         Self {
             p,
-            rng: Some(RefCell::new(SmallRng::seed_from_u64(seed))),
+            seed,
+            calls: Cell::new(0),
         }
+    }
+
+    fn next_mask(&self) -> Option<Mask> {
+        if self.p == 0.0 {
+            return None;
+        }
+        let call = self.calls.get();
+        self.calls.set(call + 1);
+        let key = self
+            .seed
+            .wrapping_mul(0xD1B5_4A32_D192_ED03)
+            .wrapping_add(call.wrapping_mul(0x8CB9_2BA7_2F3D_8DD7));
+        Some(Mask::new(self.p, key))
     }
 
     /// Zeroes each element with probability `p` and rescales the rest by `1 / (1 - p)`.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let Some(rng) = &self.rng else {
-            return Ok(x.clone());
-        };
-        let keep = 1.0 / (1.0 - self.p);
-        let mut rng = rng.borrow_mut();
-        let mask: Vec<f32> = (0..x.elem_count())
-            .map(|_| if rng.gen::<f32>() < self.p { 0.0 } else { keep })
-            .collect();
-        x * Tensor::from_vec(mask, x.shape(), x.device())?
+        match self.next_mask() {
+            Some(mask) => kernels::dropout(x, mask),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// Dropout of `relu(x)`.
+    pub fn relu(&self, x: &Tensor) -> Result<Tensor> {
+        match self.next_mask() {
+            Some(mask) => kernels::relu_dropout(x, mask),
+            None => x.relu(),
+        }
+    }
+
+    /// `x + dropout(y)`: the residual connection around a sublayer's output `y`.
+    pub fn residual(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        match self.next_mask() {
+            Some(mask) => kernels::residual_dropout(x, y, mask),
+            None => x + y,
+        }
     }
 }
 
@@ -50,24 +75,15 @@ mod tests {
     #[test]
     fn keeps_expectation_and_is_reproducible() {
         let x = Tensor::ones(10_000, candle_core::DType::F32, &Device::Cpu).unwrap();
-        let a = Dropout::new(0.25, 7)
-            .apply(&x)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        let b = Dropout::new(0.25, 7)
-            .apply(&x)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        assert_eq!(a, b);
+        let draw = |d: &Dropout| d.apply(&x).unwrap().to_vec1::<f32>().unwrap();
+        let (first, second) = (Dropout::new(0.25, 7), Dropout::new(0.25, 7));
+        let a = draw(&first);
+        assert_eq!(a, draw(&second));
+        assert_ne!(a, draw(&first), "a second call draws a new mask");
         let dropped = a.iter().filter(|&&v| v == 0.0).count() as f32 / a.len() as f32;
         assert!((dropped - 0.25).abs() < 0.02, "dropped {dropped}");
         let mean: f32 = a.iter().sum::<f32>() / a.len() as f32;
         assert!((mean - 1.0).abs() < 0.05, "mean {mean}");
-        assert_eq!(
-            Dropout::off().apply(&x).unwrap().to_vec1::<f32>().unwrap(),
-            vec![1.0; 10_000]
-        );
+        assert_eq!(draw(&Dropout::off()), vec![1.0; 10_000]);
     }
 }

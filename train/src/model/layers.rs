@@ -2,7 +2,7 @@
 //! output projection), sinusoidal positions, layer normalisation, the feed-forward block,
 //! residual connections and attention masks.
 
-use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 use model_package::{ModelConfig, NormPlacement};
 
@@ -63,16 +63,15 @@ pub fn embed_scaled(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
 /// Logits `[batch, len, vocab]` of decoder outputs `x` `[batch, len, d]` through the tied
 /// embedding `table`.
 pub fn tied_logits(x: &Tensor, table: &Tensor) -> Result<Tensor> {
-    // One [rows*len, d] x [d, vocab] product: broadcast_matmul would materialise a copy of
-    // the embedding table per row (and sum them again in the backward pass).
-    let (b, t, d) = x.dims3()?;
-    x.reshape((b * t, d))?
-        .matmul(&table.t()?)?
-        .reshape((b, t, ()))
+    crate::ops::linear::linear(x, table, None)
 }
 
-/// Layer normalisation written with differentiable ops: candle's fused kernel has no
-/// backward pass.
+/// `layer` applied to `x` `[.., in]` as one fused op ([`crate::ops::linear`]).
+pub fn project(layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    crate::ops::linear::linear(x, layer.weight(), layer.bias())
+}
+
+/// Layer normalisation over the last dimension ([`crate::ops::layer_norm`]).
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
     pub weight: Tensor,
@@ -92,13 +91,7 @@ impl LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centered = x.broadcast_sub(&mean)?;
-        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-        centered
-            .broadcast_div(&(var + self.eps)?.sqrt()?)?
-            .broadcast_mul(&self.weight)?
-            .broadcast_add(&self.bias)
+        crate::ops::layer_norm::layer_norm(x, &self.weight, &self.bias, self.eps)
     }
 }
 
@@ -117,8 +110,8 @@ impl FeedForward {
     }
 
     pub fn forward(&self, x: &Tensor, dropout: &Dropout) -> Result<Tensor> {
-        let hidden = dropout.apply(&self.fc1.forward(x)?.relu()?)?;
-        self.fc2.forward(&hidden)
+        let hidden = dropout.relu(&project(&self.fc1, x)?)?;
+        project(&self.fc2, &hidden)
     }
 }
 
@@ -131,8 +124,8 @@ pub fn residual(
     sublayer: impl FnOnce(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     match placement {
-        NormPlacement::Pre => x + dropout.apply(&sublayer(&norm.forward(x)?)?)?,
-        NormPlacement::Post => norm.forward(&(x + dropout.apply(&sublayer(x)?)?)?),
+        NormPlacement::Pre => dropout.residual(x, &sublayer(&norm.forward(x)?)?),
+        NormPlacement::Post => norm.forward(&dropout.residual(x, &sublayer(x)?)?),
     }
 }
 

@@ -11,11 +11,10 @@ use model_package::{
     AbsolutePosition, Architecture, ModelConfig, NormPlacement, RecurrentPosition,
 };
 
-use super::attention::Attention;
+use super::attention::{Attention, Keys};
 use super::dropout::Dropout;
 use super::layers::{
-    causal_bias, embed_scaled, embedding_table, padding_bias, residual, sinusoid, tied_logits,
-    FeedForward, LayerNorm,
+    embed_scaled, embedding_table, residual, sinusoid, tied_logits, FeedForward, LayerNorm,
 };
 use super::recurrent::{Cell, RecurrentEmbedding, Rnn};
 use super::seq2seq::Seq2Seq;
@@ -249,7 +248,7 @@ impl Seq2Seq for Transformer {
         source_mask: &Tensor,
         dropout: &Dropout,
     ) -> Result<Tensor> {
-        let bias = padding_bias(source_mask)?;
+        let keys = Keys::from_mask(source_mask)?;
         let norm = self.config.norm;
         let mut x = self.embed_with_positions(
             source_ids,
@@ -259,7 +258,7 @@ impl Seq2Seq for Transformer {
         )?;
         for layer in &self.encoder.layers {
             x = residual(&x, &layer.self_attn_norm, norm, dropout, |h| {
-                layer.self_attn.forward(h, h, &bias)
+                layer.self_attn.self_attention(h, &keys)
             })?;
             x = residual(&x, &layer.ffn_norm, norm, dropout, |h| {
                 layer.ffn.forward(h, dropout)
@@ -278,18 +277,16 @@ impl Seq2Seq for Transformer {
         source_mask: &Tensor,
         dropout: &Dropout,
     ) -> Result<Tensor> {
-        let (_, t) = target_ids.dims2()?;
-        let cross_bias = padding_bias(source_mask)?;
-        let self_bias = causal_bias(t, target_ids.device())?;
+        let memory_keys = Keys::from_mask(source_mask)?;
         let norm = self.config.norm;
         // Target padding is trailing and the decoder's encoders run forward only.
         let mut x = self.embed_with_positions(target_ids, None, &self.decoder.position, dropout)?;
         for layer in &self.decoder.layers {
             x = residual(&x, &layer.self_attn_norm, norm, dropout, |h| {
-                layer.self_attn.forward(h, h, &self_bias)
+                layer.self_attn.self_attention(h, &Keys::Causal)
             })?;
             x = residual(&x, &layer.cross_attn_norm, norm, dropout, |h| {
-                layer.cross_attn.forward(h, memory, &cross_bias)
+                layer.cross_attn.cross_attention(h, memory, &memory_keys)
             })?;
             x = residual(&x, &layer.ffn_norm, norm, dropout, |h| {
                 layer.ffn.forward(h, dropout)

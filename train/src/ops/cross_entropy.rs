@@ -3,26 +3,26 @@
 //! Composed from candle ops (log-softmax, gather, mean) the loss makes about twenty passes
 //! over the `[tokens, vocab]` logits between forward and backward, each with a fresh
 //! allocation; on the shipped model that was a quarter of a training step. Fused, the forward
-//! is one pass per row (log-sum-exp, target logit, row mean) and the backward one more:
-//! `d loss / d logits = softmax - ((1 - eps) * onehot(target) + eps / vocab)`.
+//! is one pass per row (log-sum-exp, target logit, row mean) and the backward one more, from
+//! the log-sum-exps the forward pass kept. Rows are spread over the rayon pool's threads.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+use super::{contiguous_f32, rows_per_task, with_f32};
 
 /// Per-row loss terms: `[rows, 2]` with the smoothed loss in column 0 (the one that carries
 /// gradient) and the plain negative log-likelihood in column 1 (for reporting).
 struct SmoothedCrossEntropy {
     targets: Vec<u32>,
     epsilon: f32,
+    /// Each row's log-sum-exp, kept by the forward pass for the backward pass.
+    log_sum_exps: Mutex<Vec<f32>>,
 }
 
-fn contiguous<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
-    let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
-        candle_core::Error::Msg("smoothed cross-entropy needs contiguous logits".into())
-    })?;
-    Ok(&storage.as_slice::<f32>()?[start..end])
-}
-
-/// `(max, log-sum-exp)` of one row.
+/// `log(sum(exp(row)))`, shifted by the row's maximum so that no term overflows.
 fn log_sum_exp(row: &[f32]) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = row.iter().map(|&x| (x - max).exp()).sum();
@@ -36,71 +36,62 @@ impl CustomOp1 for SmoothedCrossEntropy {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let (rows, vocab) = layout.shape().dims2()?;
-        let logits = contiguous(storage, layout)?;
-        let mut out = Vec::with_capacity(rows * 2);
-        for (r, row) in logits.chunks_exact(vocab).enumerate() {
-            let lse = log_sum_exp(row);
-            let nll = lse - row[self.targets[r] as usize];
-            let mean: f32 = row.iter().sum::<f32>() / vocab as f32;
-            let smooth = lse - mean;
-            out.push((1.0 - self.epsilon) * nll + self.epsilon * smooth);
-            out.push(nll);
-        }
+        let logits = contiguous_f32(storage, layout)?;
+        let mut out = vec![0f32; rows * 2];
+        let mut lses = vec![0f32; rows];
+        let chunk = rows_per_task(rows);
+        out.par_chunks_mut(2 * chunk)
+            .zip(lses.par_chunks_mut(chunk))
+            .enumerate()
+            .for_each(|(task, (out, lses))| {
+                for (k, (terms, lse_out)) in out.chunks_exact_mut(2).zip(lses).enumerate() {
+                    let r = task * chunk + k;
+                    let row = &logits[r * vocab..(r + 1) * vocab];
+                    let lse = log_sum_exp(row);
+                    let nll = lse - row[self.targets[r] as usize];
+                    let mean: f32 = row.iter().sum::<f32>() / vocab as f32;
+                    terms[0] = (1.0 - self.epsilon) * nll + self.epsilon * (lse - mean);
+                    terms[1] = nll;
+                    *lse_out = lse;
+                }
+            });
+        *self.log_sum_exps.lock().expect("log-sum-exps") = lses;
         Ok((CpuStorage::F32(out), Shape::from((rows, 2))))
     }
 
+    /// `d loss / d logits = upstream * (softmax - (1 - eps) * onehot(target) - eps / vocab)`.
     fn bwd(&self, logits: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        let grad_loss = grad_res.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
-        let grad = logits.contiguous()?.apply_op2_no_bwd(
-            &grad_loss,
-            &SmoothedCrossEntropyGrad {
-                targets: self.targets.clone(),
-                epsilon: self.epsilon,
-            },
-        )?;
-        Ok(Some(grad))
-    }
-}
-
-/// `(logits [rows, vocab], upstream gradient [rows]) -> gradient of the logits`.
-struct SmoothedCrossEntropyGrad {
-    targets: Vec<u32>,
-    epsilon: f32,
-}
-
-impl CustomOp2 for SmoothedCrossEntropyGrad {
-    fn name(&self) -> &'static str {
-        "smoothed-cross-entropy-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (rows, vocab) = l1.shape().dims2()?;
-        let logits = contiguous(s1, l1)?;
-        let upstream = contiguous(s2, l2)?;
+        let (rows, vocab) = logits.dims2()?;
+        let upstream = grad_res.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
+        let upstream = upstream.to_vec1::<f32>()?;
+        let lses = std::mem::take(&mut *self.log_sum_exps.lock().expect("log-sum-exps"));
         let uniform = self.epsilon / vocab as f32;
-        let mut grad = vec![0f32; rows * vocab];
-        for (r, (row, out)) in logits
-            .chunks_exact(vocab)
-            .zip(grad.chunks_exact_mut(vocab))
-            .enumerate()
-        {
-            let g = upstream[r];
-            if g == 0.0 {
-                continue;
-            }
-            let lse = log_sum_exp(row);
-            for (o, &x) in out.iter_mut().zip(row) {
-                *o = g * ((x - lse).exp() - uniform);
-            }
-            out[self.targets[r] as usize] -= g * (1.0 - self.epsilon);
-        }
-        Ok((CpuStorage::F32(grad), Shape::from((rows, vocab))))
+        let grad = with_f32(logits, |logits, _| {
+            let mut grad = vec![0f32; rows * vocab];
+            let chunk = rows_per_task(rows);
+            grad.par_chunks_mut(chunk * vocab)
+                .enumerate()
+                .for_each(|(task, out)| {
+                    for (k, out) in out.chunks_exact_mut(vocab).enumerate() {
+                        let r = task * chunk + k;
+                        let g = upstream[r];
+                        if g == 0.0 {
+                            continue;
+                        }
+                        let row = &logits[r * vocab..(r + 1) * vocab];
+                        for (o, &x) in out.iter_mut().zip(row) {
+                            *o = g * ((x - lses[r]).exp() - uniform);
+                        }
+                        out[self.targets[r] as usize] -= g * (1.0 - self.epsilon);
+                    }
+                });
+            Ok(grad)
+        })?;
+        Ok(Some(Tensor::from_vec(
+            grad,
+            (rows, vocab),
+            logits.device(),
+        )?))
     }
 }
 
@@ -119,6 +110,7 @@ pub fn label_smoothed_loss(
     let terms = logits.apply_op1(SmoothedCrossEntropy {
         targets,
         epsilon: epsilon as f32,
+        log_sum_exps: Mutex::new(Vec::new()),
     })?;
     let loss = (terms.narrow(1, 0, 1)?.squeeze(1)? * &mask)?
         .sum_all()?

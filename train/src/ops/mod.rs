@@ -4,4 +4,35 @@
 //! dozen times forward and again backward; fused, it makes one or two passes. Each kernel is
 //! tested against the composed ops it replaces, value and gradient.
 
+pub mod attention;
 pub mod cross_entropy;
+pub mod dropout;
+pub mod layer_norm;
+pub mod linear;
+
+use candle_core::{CpuStorage, Layout, Result, Storage, Tensor};
+
+/// The f32 values of a contiguous operand.
+fn contiguous_f32<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("fused ops take contiguous tensors".into()))?;
+    Ok(&storage.as_slice::<f32>()?[start..end])
+}
+
+/// Runs `f` on the f32 values of a CPU tensor (made contiguous first if need be): backward
+/// passes read their operands without an op of their own.
+fn with_f32<R>(tensor: &Tensor, f: impl FnOnce(&[f32], &Layout) -> Result<R>) -> Result<R> {
+    let tensor = tensor.contiguous()?;
+    let (storage, layout) = tensor.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(cpu) => f(contiguous_f32(cpu, layout)?, layout),
+        _ => candle_core::bail!("fused ops run on the CPU"),
+    }
+}
+
+/// Rows per parallel task: a few tasks per thread, so that one slow thread does not hold up
+/// the rest.
+fn rows_per_task(rows: usize) -> usize {
+    rows.div_ceil(4 * rayon::current_num_threads()).max(1)
+}

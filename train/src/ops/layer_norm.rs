@@ -1,0 +1,218 @@
+//! Layer normalisation over the last dimension, forward and backward in one pass each.
+//!
+//! candle's fused `layer_norm` has no backward pass, and written with differentiable ops it
+//! is nine passes forward and about twenty backward, each allocating a tensor the size of the
+//! activations. The backward pass recomputes each row's mean and deviation rather than
+//! storing them: one more read of `x`, no extra buffers.
+
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::{contiguous_f32, rows_per_task};
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dimension of `x`.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    x.contiguous()?.apply_op3(
+        &weight.contiguous()?,
+        &bias.contiguous()?,
+        LayerNorm { eps: eps as f32 },
+    )
+}
+
+struct LayerNorm {
+    eps: f32,
+}
+
+/// Mean and `1 / sqrt(var + eps)` of one row.
+fn moments(row: &[f32], eps: f32) -> (f32, f32) {
+    let n = row.len() as f32;
+    let mean = row.iter().sum::<f32>() / n;
+    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, weight, bias) = (
+            contiguous_f32(s1, l1)?,
+            contiguous_f32(s2, l2)?,
+            contiguous_f32(s3, l3)?,
+        );
+        let d = weight.len();
+        let mut out = vec![0f32; x.len()];
+        let chunk = rows_per_task(x.len() / d) * d;
+        out.par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk))
+            .for_each(|(out, x)| {
+                for (o, row) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                    let (mean, rstd) = moments(row, self.eps);
+                    for (((o, &v), &w), &b) in o.iter_mut().zip(row).zip(weight).zip(bias) {
+                        *o = (v - mean) * rstd * w + b;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        _bias: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let d = weight.elem_count();
+        let rows = x.elem_count() / d;
+        // One tensor holds the three gradients: `rows` rows of dx, then dweight, then dbias.
+        let all = x.apply_op3_no_bwd(
+            weight,
+            &grad.contiguous()?,
+            &LayerNormGrad { eps: self.eps },
+        )?;
+        let grad_x = all.narrow(0, 0, rows)?.reshape(x.shape())?;
+        let grad_weight = all.narrow(0, rows, 1)?.reshape(weight.shape())?;
+        let grad_bias = all.narrow(0, rows + 1, 1)?.reshape(weight.shape())?;
+        Ok((Some(grad_x), Some(grad_weight), Some(grad_bias)))
+    }
+}
+
+/// `(x, weight, upstream gradient) -> [rows + 2, d]`: dx rows, then dweight, then dbias.
+struct LayerNormGrad {
+    eps: f32,
+}
+
+impl CustomOp3 for LayerNormGrad {
+    fn name(&self) -> &'static str {
+        "layer-norm-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, weight, grad) = (
+            contiguous_f32(s1, l1)?,
+            contiguous_f32(s2, l2)?,
+            contiguous_f32(s3, l3)?,
+        );
+        let d = weight.len();
+        let rows = x.len() / d;
+        let mut out = vec![0f32; (rows + 2) * d];
+        let (grad_x, params) = out.split_at_mut(rows * d);
+        let chunk = rows_per_task(rows) * d;
+        // Each task returns its partial sums of dweight and dbias; they are added after.
+        let partials: Vec<Vec<f32>> = grad_x
+            .par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk).zip(grad.par_chunks(chunk)))
+            .map(|(grad_x, (x, grad))| {
+                let mut sums = vec![0f32; 2 * d];
+                let (grad_weight, grad_bias) = sums.split_at_mut(d);
+                for ((gx, row), g) in grad_x
+                    .chunks_exact_mut(d)
+                    .zip(x.chunks_exact(d))
+                    .zip(grad.chunks_exact(d))
+                {
+                    self.row(row, g, weight, gx, grad_weight, grad_bias);
+                }
+                sums
+            })
+            .collect();
+        for sums in partials {
+            for (p, s) in params.iter_mut().zip(sums) {
+                *p += s;
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((rows + 2, d))))
+    }
+}
+
+impl LayerNormGrad {
+    /// `dx = rstd * (g*w - mean(g*w) - x_hat * mean(g*w * x_hat))` for one row, adding the
+    /// row's share of dweight (`g * x_hat`) and dbias (`g`).
+    fn row(
+        &self,
+        x: &[f32],
+        g: &[f32],
+        weight: &[f32],
+        grad_x: &mut [f32],
+        grad_weight: &mut [f32],
+        grad_bias: &mut [f32],
+    ) {
+        let n = x.len() as f32;
+        let (mean, rstd) = moments(x, self.eps);
+        let (mut mean_gw, mut mean_gw_xhat) = (0f32, 0f32);
+        for i in 0..x.len() {
+            let x_hat = (x[i] - mean) * rstd;
+            let gw = g[i] * weight[i];
+            mean_gw += gw;
+            mean_gw_xhat += gw * x_hat;
+            grad_weight[i] += g[i] * x_hat;
+            grad_bias[i] += g[i];
+        }
+        mean_gw /= n;
+        mean_gw_xhat /= n;
+        for i in 0..x.len() {
+            let x_hat = (x[i] - mean) * rstd;
+            grad_x[i] = rstd * (g[i] * weight[i] - mean_gw - x_hat * mean_gw_xhat);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::max_abs_diff;
+    use candle_core::{Device, Var, D};
+
+    /// Layer normalisation from candle's differentiable ops.
+    fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+        centered
+            .broadcast_div(&(var + eps)?.sqrt()?)?
+            .broadcast_mul(weight)?
+            .broadcast_add(bias)
+    }
+
+    #[test]
+    fn matches_the_composed_ops_in_value_and_gradient() {
+        let dev = Device::Cpu;
+        let x = Var::from_tensor(&Tensor::randn(0.5f32, 2.0, (3, 37, 24), &dev).unwrap()).unwrap();
+        let w = Var::from_tensor(&Tensor::randn(1f32, 0.3, 24, &dev).unwrap()).unwrap();
+        let b = Var::from_tensor(&Tensor::randn(0f32, 0.3, 24, &dev).unwrap()).unwrap();
+        // A non-uniform upstream gradient, so that every term of the backward pass counts.
+        let probe = Tensor::randn(0f32, 1.0, (3, 37, 24), &dev).unwrap();
+        let fused = layer_norm(&x, &w, &b, 1e-5).unwrap();
+        let reference = composed(&x, &w, &b, 1e-5).unwrap();
+        assert!(max_abs_diff(&fused, &reference) < 1e-5);
+
+        let grads = |y: &Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let (g_fused, g_ref) = (grads(&fused), grads(&reference));
+        for var in [&x, &w, &b] {
+            let diff = max_abs_diff(
+                g_fused.get(var.as_tensor()).unwrap(),
+                g_ref.get(var.as_tensor()).unwrap(),
+            );
+            assert!(diff < 1e-4, "gradient differs by {diff}");
+        }
+    }
+}
