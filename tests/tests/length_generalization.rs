@@ -224,6 +224,8 @@ fn train_and_export(work: &Path, preset: &'static str) -> Trained {
         max_minutes: None,
         eval_every: STEPS,
         save_every: STEPS,
+        snapshot_every: 0,
+        keep_snapshots: 0,
         max_len: 64,
         train_limit: None,
         dev_limit: DEV_PAIRS,

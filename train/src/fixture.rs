@@ -58,6 +58,8 @@ pub fn tiny_run_with(dir: &Path, preset: &str, steps: usize) -> anyhow::Result<T
         max_minutes: None,
         eval_every: steps,
         save_every: steps,
+        snapshot_every: 0,
+        keep_snapshots: 0,
         max_len: 96,
         train_limit: None,
         dev_limit: 64,

@@ -17,6 +17,8 @@ enum Command {
     Tokenizer(nmt_train::tokenizer::TokenizerArgs),
     /// Train a model and write checkpoints.
     Train(nmt_train::train::TrainArgs),
+    /// Average the weights of several checkpoints into one (export it like any checkpoint).
+    Average(nmt_train::train::checkpoint::AverageArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -25,5 +27,6 @@ fn main() -> anyhow::Result<()> {
         Command::Corpus(args) => nmt_train::corpus::run(args),
         Command::Tokenizer(args) => nmt_train::tokenizer::run(args),
         Command::Train(args) => nmt_train::train::run(args),
+        Command::Average(args) => nmt_train::train::checkpoint::run_average(args),
     }
 }

@@ -81,6 +81,13 @@ pub struct TrainArgs {
     /// Write OUT/last every N steps.
     #[arg(long, default_value_t = 500)]
     pub save_every: usize,
+    /// Keep the weights every N steps in OUT/snapshots/step-N (for `nmt-train average`);
+    /// 0 keeps none.
+    #[arg(long, default_value_t = 1000)]
+    pub snapshot_every: usize,
+    /// How many of the newest snapshots to keep.
+    #[arg(long, default_value_t = 5)]
+    pub keep_snapshots: usize,
     /// Drop training pairs with a side longer than this many subwords.
     #[arg(long, default_value_t = 128)]
     pub max_len: usize,
@@ -207,16 +214,19 @@ pub fn dev_loss(
     Ok(nll / tokens.max(1) as f64)
 }
 
+/// A checkpoint; without `adam` (snapshots) it can be exported and averaged, not resumed.
 fn save(
     dir: &Path,
     config: &ModelConfig,
     varmap: &VarMap,
-    adam: &Adam,
+    adam: Option<&Adam>,
     state: &TrainerState,
 ) -> anyhow::Result<()> {
     checkpoint::write_atomically(dir, |tmp| {
         varmap.save(tmp.join(checkpoint::WEIGHTS_FILE))?;
-        adam.save(&tmp.join(checkpoint::OPTIMIZER_FILE))?;
+        if let Some(adam) = adam {
+            adam.save(&tmp.join(checkpoint::OPTIMIZER_FILE))?;
+        }
         std::fs::write(
             tmp.join(checkpoint::CONFIG_FILE),
             serde_json::to_string_pretty(config)?,
@@ -227,6 +237,37 @@ fn save(
         )?;
         Ok(())
     })
+}
+
+/// Writes `OUT/snapshots/step-N` and deletes all but the newest `keep`.
+fn snapshot(
+    out: &Path,
+    config: &ModelConfig,
+    varmap: &VarMap,
+    state: &TrainerState,
+    keep: usize,
+) -> anyhow::Result<()> {
+    let dir = out.join("snapshots");
+    save(
+        &dir.join(format!("step-{:07}", state.step)),
+        config,
+        varmap,
+        None,
+        state,
+    )?;
+    let mut snapshots: Vec<PathBuf> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+        })
+        .filter(|p| p.extension().is_none())
+        .collect();
+    snapshots.sort();
+    for old in &snapshots[..snapshots.len().saturating_sub(keep)] {
+        std::fs::remove_dir_all(old)?;
+    }
+    Ok(())
 }
 
 pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
@@ -247,6 +288,7 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
 
     let last_dir = args.out.join("last");
     let best_dir = args.out.join("best");
+    checkpoint::recover(&last_dir)?;
     let resuming = args.resume && last_dir.join(checkpoint::STATE_FILE).exists();
     let config = if resuming {
         checkpoint::load_config(&last_dir)?
@@ -370,7 +412,10 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
             }
             if state.step % args.save_every == 0 {
                 state.train_seconds = seconds_before + started.elapsed().as_secs_f64();
-                save(&last_dir, &config, &varmap, &adam, &state)?;
+                save(&last_dir, &config, &varmap, Some(&adam), &state)?;
+            }
+            if args.snapshot_every > 0 && state.step % args.snapshot_every == 0 {
+                snapshot(&args.out, &config, &varmap, &state, args.keep_snapshots)?;
             }
         }
         state.epoch += 1;
@@ -383,7 +428,7 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     state.train_seconds = seconds_before + elapsed;
-    save(&last_dir, &config, &varmap, &adam, &state)?;
+    save(&last_dir, &config, &varmap, Some(&adam), &state)?;
     bar.finish();
     Ok(TrainReport {
         state,
@@ -413,7 +458,7 @@ fn evaluate(
     state.last_dev_loss = Some(loss);
     if state.best_dev_loss.is_none_or(|best| loss < best) {
         state.best_dev_loss = Some(loss);
-        save(best_dir, config, varmap, adam, state)?;
+        save(best_dir, config, varmap, Some(adam), state)?;
     }
     if args.quiet || bar.is_hidden() {
         eprintln!(
