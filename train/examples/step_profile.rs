@@ -76,7 +76,7 @@ fn profile(
 }
 
 fn main() -> anyhow::Result<()> {
-    nmt_train::keep_freed_memory_in_heap();
+    nmt_train::tune_for_training();
     let preset = std::env::args().nth(1).unwrap_or("transformer".into());
     let rows: usize = std::env::args().nth(2).map_or(100, |s| s.parse().unwrap());
     let len: usize = std::env::args().nth(3).map_or(40, |s| s.parse().unwrap());

@@ -7,6 +7,20 @@ pub mod ops;
 pub mod tokenizer;
 pub mod train;
 
+/// Start-up tuning of a process that trains: [`keep_freed_memory_in_heap`], and candle's
+/// own elementwise thread pool off unless `CANDLE_NUM_THREADS` says otherwise. The heavy ops
+/// (matrix products and the fused kernels of [`ops`]) run on rayon's pool; candle's second
+/// pool, kept only for the few elementwise ops left, spins while it waits, and on two cores
+/// that spinning took the time of the threads doing the work (measured: 2,640 against 2,830
+/// target tokens/s with it off, and far worse while anything else ran). Call first thing in
+/// `main`, before any thread starts.
+pub fn tune_for_training() {
+    keep_freed_memory_in_heap();
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+}
+
 /// candle allocates a fresh buffer for every op's output. glibc serves large buffers with
 /// `mmap` and unmaps them on free, so each op page-faults (and the kernel zeroes) its output
 /// again: measured at 2x the forward time of the shipped model. Keeping freed memory in the

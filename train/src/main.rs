@@ -22,7 +22,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    nmt_train::keep_freed_memory_in_heap();
+    nmt_train::tune_for_training();
     match Cli::parse().command {
         Command::Corpus(args) => nmt_train::corpus::run(args),
         Command::Tokenizer(args) => nmt_train::tokenizer::run(args),

@@ -11,9 +11,10 @@
 use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::{contiguous_f32, with_f32};
+use super::{contiguous_f32, dot, with_f32};
 
 /// Which keys each query sees.
 #[derive(Clone, Debug)]
@@ -144,10 +145,7 @@ struct Operands<'a> {
     tables: Option<(&'a [f32], Option<&'a [f32]>)>,
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
+#[inline(always)]
 fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     for (y, x) in y.iter_mut().zip(x) {
         *y += alpha * x;
@@ -228,7 +226,6 @@ impl Core {
     /// Context `[b, tq, d]` and probabilities `[b, heads, tq, tk]`.
     fn forward(&self, ops: &Operands) -> (Vec<f32>, Vec<f32>) {
         let (tq, tk, dh, heads) = (ops.q.t, ops.k.t, self.head_dim, self.heads);
-        let scale = self.scale();
         let mut probs = vec![0f32; ops.batch * heads * tq * tk];
         // Head-major context, merged into [b, tq, d] below.
         let mut context = vec![0f32; ops.batch * heads * tq * dh];
@@ -237,37 +234,51 @@ impl Core {
             .zip(context.par_chunks_mut(tq * dh))
             .enumerate()
             .for_each(|(task, (probs, context))| {
-                let (row, head) = (task / heads, task % heads);
-                for i in 0..tq {
-                    let q = ops.q.vector(row, i, head);
-                    let limit = self.keys.limit(row, i).min(tk);
-                    let p = &mut probs[i * tk..i * tk + limit];
-                    for (j, p) in p.iter_mut().enumerate() {
-                        let mut s = dot(q, ops.k.vector(row, j, head));
-                        if let Some((table, _)) = ops.tables {
-                            let r = self.distance(i, j) * dh;
-                            s += dot(q, &table[r..r + dh]);
-                        }
-                        *p = s * scale;
-                    }
-                    let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f32;
-                    for p in p.iter_mut() {
-                        *p = (*p - max).exp();
-                        sum += *p;
-                    }
-                    let out = &mut context[i * dh..(i + 1) * dh];
-                    for (j, p) in p.iter_mut().enumerate() {
-                        *p /= sum;
-                        axpy(*p, ops.v.vector(row, j, head), out);
-                        if let Some((_, Some(table))) = ops.tables {
-                            let r = self.distance(i, j) * dh;
-                            axpy(*p, &table[r..r + dh], out);
-                        }
-                    }
-                }
+                forward_task(self, ops, task / heads, task % heads, probs, context)
             });
         (merge_heads(&context, ops.batch, heads, tq, dh), probs)
+    }
+}
+
+/// Probabilities `[tq, tk]` and head-major context `[tq, dh]` of one (row, head) pair.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn forward_task(
+    core: &Core,
+    ops: &Operands,
+    row: usize,
+    head: usize,
+    probs: &mut [f32],
+    context: &mut [f32],
+) {
+    let (tq, tk, dh) = (ops.q.t, ops.k.t, core.head_dim);
+    let scale = core.scale();
+    for i in 0..tq {
+        let q = ops.q.vector(row, i, head);
+        let limit = core.keys.limit(row, i).min(tk);
+        let p = &mut probs[i * tk..i * tk + limit];
+        for (j, p) in p.iter_mut().enumerate() {
+            let mut s = dot(q, ops.k.vector(row, j, head));
+            if let Some((table, _)) = ops.tables {
+                let r = core.distance(i, j) * dh;
+                s += dot(q, &table[r..r + dh]);
+            }
+            *p = s * scale;
+        }
+        let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for p in p.iter_mut() {
+            *p = (*p - max).exp();
+            sum += *p;
+        }
+        let out = &mut context[i * dh..(i + 1) * dh];
+        for (j, p) in p.iter_mut().enumerate() {
+            *p /= sum;
+            axpy(*p, ops.v.vector(row, j, head), out);
+            if let Some((_, Some(table))) = ops.tables {
+                let r = core.distance(i, j) * dh;
+                axpy(*p, &table[r..r + dh], out);
+            }
+        }
     }
 }
 
@@ -294,57 +305,59 @@ struct TaskGrads {
     tables: Vec<f32>,
 }
 
-impl Core {
-    fn backward_task(
-        &self,
-        ops: &Operands,
-        grad: Operand,
-        probs: &[f32],
-        row: usize,
-        head: usize,
-    ) -> TaskGrads {
-        let (tq, tk, dh) = (ops.q.t, ops.k.t, self.head_dim);
-        let table_len = self.relative.map_or(0, |(c, _)| (2 * c + 1) * dh);
-        let scale = self.scale();
-        let mut g = TaskGrads {
-            q: vec![0f32; tq * dh],
-            k: vec![0f32; tk * dh],
-            v: vec![0f32; tk * dh],
-            tables: vec![0f32; 2 * table_len],
-        };
-        let mut dp = vec![0f32; tk];
-        for i in 0..tq {
-            let go = grad.vector(row, i, head);
-            let q = ops.q.vector(row, i, head);
-            let limit = self.keys.limit(row, i).min(tk);
-            let p = &probs[i * tk..i * tk + limit];
-            let mut weighted = 0f32;
-            for j in 0..limit {
-                let r = self.distance(i, j) * dh;
-                let mut d = dot(go, ops.v.vector(row, j, head));
-                axpy(p[j], go, &mut g.v[j * dh..(j + 1) * dh]);
-                if let Some((_, Some(table))) = ops.tables {
-                    d += dot(go, &table[r..r + dh]);
-                    axpy(p[j], go, &mut g.tables[table_len + r..table_len + r + dh]);
-                }
-                dp[j] = d;
-                weighted += p[j] * d;
+/// Gradients of one (row, head) pair from its probabilities `[tq, tk]`.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn backward_task(
+    core: &Core,
+    ops: &Operands,
+    grad: Operand,
+    probs: &[f32],
+    row: usize,
+    head: usize,
+) -> TaskGrads {
+    let (tq, tk, dh) = (ops.q.t, ops.k.t, core.head_dim);
+    let table_len = core.relative.map_or(0, |(c, _)| (2 * c + 1) * dh);
+    let scale = core.scale();
+    let mut g = TaskGrads {
+        q: vec![0f32; tq * dh],
+        k: vec![0f32; tk * dh],
+        v: vec![0f32; tk * dh],
+        tables: vec![0f32; 2 * table_len],
+    };
+    let mut dp = vec![0f32; tk];
+    for i in 0..tq {
+        let go = grad.vector(row, i, head);
+        let q = ops.q.vector(row, i, head);
+        let limit = core.keys.limit(row, i).min(tk);
+        let p = &probs[i * tk..i * tk + limit];
+        let mut weighted = 0f32;
+        for j in 0..limit {
+            let r = core.distance(i, j) * dh;
+            let mut d = dot(go, ops.v.vector(row, j, head));
+            axpy(p[j], go, &mut g.v[j * dh..(j + 1) * dh]);
+            if let Some((_, Some(table))) = ops.tables {
+                d += dot(go, &table[r..r + dh]);
+                axpy(p[j], go, &mut g.tables[table_len + r..table_len + r + dh]);
             }
-            let gq = &mut g.q[i * dh..(i + 1) * dh];
-            for j in 0..limit {
-                let ds = p[j] * (dp[j] - weighted) * scale;
-                axpy(ds, ops.k.vector(row, j, head), gq);
-                axpy(ds, q, &mut g.k[j * dh..(j + 1) * dh]);
-                if let Some((table, _)) = ops.tables {
-                    let r = self.distance(i, j) * dh;
-                    axpy(ds, &table[r..r + dh], gq);
-                    axpy(ds, q, &mut g.tables[r..r + dh]);
-                }
+            dp[j] = d;
+            weighted += p[j] * d;
+        }
+        let gq = &mut g.q[i * dh..(i + 1) * dh];
+        for j in 0..limit {
+            let ds = p[j] * (dp[j] - weighted) * scale;
+            axpy(ds, ops.k.vector(row, j, head), gq);
+            axpy(ds, q, &mut g.k[j * dh..(j + 1) * dh]);
+            if let Some((table, _)) = ops.tables {
+                let r = core.distance(i, j) * dh;
+                axpy(ds, &table[r..r + dh], gq);
+                axpy(ds, q, &mut g.tables[r..r + dh]);
             }
         }
-        g
     }
+    g
+}
 
+impl Core {
     /// Gradients of the first input (and the second) in their own layouts.
     fn backward(&self, ops: &Operands, grad: &[f32]) -> (Vec<f32>, Option<Vec<f32>>) {
         let (tq, tk, heads, dh) = (ops.q.t, ops.k.t, self.heads, self.head_dim);
@@ -359,7 +372,7 @@ impl Core {
         let tasks: Vec<TaskGrads> = probs
             .par_chunks(tq * tk)
             .enumerate()
-            .map(|(task, p)| self.backward_task(ops, grad, p, task / heads, task % heads))
+            .map(|(task, p)| backward_task(self, ops, grad, p, task / heads, task % heads))
             .collect();
         let mut first = vec![0f32; ops.q.data.len()];
         let mut second = match self.packing {

@@ -9,9 +9,10 @@
 use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
+use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::{contiguous_f32, rows_per_task, with_f32};
+use super::{contiguous_f32, rows_per_task, sum, with_f32};
 
 /// Per-row loss terms: `[rows, 2]` with the smoothed loss in column 0 (the one that carries
 /// gradient) and the plain negative log-likelihood in column 1 (for reporting).
@@ -23,10 +24,28 @@ struct SmoothedCrossEntropy {
 }
 
 /// `log(sum(exp(row)))`, shifted by the row's maximum so that no term overflows.
+#[inline(always)]
 fn log_sum_exp(row: &[f32]) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = row.iter().map(|&x| (x - max).exp()).sum();
-    max + sum.ln()
+    let total: f32 = row.iter().map(|&x| (x - max).exp()).sum();
+    max + total.ln()
+}
+
+/// `(smoothed loss, nll, log-sum-exp)` of one row of logits.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn row_terms(row: &[f32], target: usize, epsilon: f32) -> (f32, f32, f32) {
+    let lse = log_sum_exp(row);
+    let nll = lse - row[target];
+    let mean = sum(row) / row.len() as f32;
+    ((1.0 - epsilon) * nll + epsilon * (lse - mean), nll, lse)
+}
+
+/// One row's gradient: `g * (exp(x - lse) - uniform)`, less `g * (1 - eps)` at the target.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn row_grad(row: &[f32], lse: f32, g: f32, uniform: f32, out: &mut [f32]) {
+    for (o, &x) in out.iter_mut().zip(row) {
+        *o = g * ((x - lse).exp() - uniform);
+    }
 }
 
 impl CustomOp1 for SmoothedCrossEntropy {
@@ -47,10 +66,9 @@ impl CustomOp1 for SmoothedCrossEntropy {
                 for (k, (terms, lse_out)) in out.chunks_exact_mut(2).zip(lses).enumerate() {
                     let r = task * chunk + k;
                     let row = &logits[r * vocab..(r + 1) * vocab];
-                    let lse = log_sum_exp(row);
-                    let nll = lse - row[self.targets[r] as usize];
-                    let mean: f32 = row.iter().sum::<f32>() / vocab as f32;
-                    terms[0] = (1.0 - self.epsilon) * nll + self.epsilon * (lse - mean);
+                    let (smoothed, nll, lse) =
+                        row_terms(row, self.targets[r] as usize, self.epsilon);
+                    terms[0] = smoothed;
                     terms[1] = nll;
                     *lse_out = lse;
                 }
@@ -79,9 +97,7 @@ impl CustomOp1 for SmoothedCrossEntropy {
                             continue;
                         }
                         let row = &logits[r * vocab..(r + 1) * vocab];
-                        for (o, &x) in out.iter_mut().zip(row) {
-                            *o = g * ((x - lses[r]).exp() - uniform);
-                        }
+                        row_grad(row, lses[r], g, uniform, out);
                         out[self.targets[r] as usize] -= g * (1.0 - self.epsilon);
                     }
                 });

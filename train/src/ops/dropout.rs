@@ -6,6 +6,7 @@
 //! reproducible from its seed, whatever the thread count.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
+use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::{contiguous_f32, with_f32};
@@ -29,6 +30,7 @@ impl Mask {
     }
 
     /// `1 / (1 - p)` if element `i` is kept, else 0.
+    #[inline(always)]
     fn factor(&self, i: usize) -> f32 {
         // SplitMix64's finaliser: every bit of `(key, i)` reaches the top 32 bits.
         let mut z = self
@@ -55,6 +57,40 @@ fn map_indexed(len: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
         .enumerate()
         .for_each(|(c, chunk)| f(c * CHUNK, chunk));
     out
+}
+
+/// `out = mask * x` (or `mask * relu(x)`) for the chunk of elements from `start`.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn forward_chunk(mask: Mask, relu: bool, x: &[f32], start: usize, out: &mut [f32]) {
+    for (j, (o, &v)) in out.iter_mut().zip(&x[start..]).enumerate() {
+        *o = if relu && v <= 0.0 {
+            0.0
+        } else {
+            v * mask.factor(start + j)
+        };
+    }
+}
+
+/// `out = mask * g` (where `x > 0` if `relu`) for the chunk of elements from `start`.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn backward_chunk(mask: Mask, relu: bool, x: &[f32], g: &[f32], start: usize, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let i = start + j;
+        *o = if relu && x[i] <= 0.0 {
+            0.0
+        } else {
+            g[i] * mask.factor(i)
+        };
+    }
+}
+
+/// `out = x + mask * y` for the chunk of elements from `start`.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn residual_chunk(mask: Mask, x: &[f32], y: &[f32], start: usize, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let i = start + j;
+        *o = x[i] + y[i] * mask.factor(i);
+    }
 }
 
 /// What is fused with the dropout.
@@ -112,14 +148,7 @@ impl CustomOp1 for Dropout {
         let x = contiguous_f32(storage, layout)?;
         let relu = self.kind == Kind::Relu;
         let out = map_indexed(x.len(), |start, out| {
-            for (j, o) in out.iter_mut().enumerate() {
-                let v = x[start + j];
-                *o = if relu && v <= 0.0 {
-                    0.0
-                } else {
-                    v * self.mask.factor(start + j)
-                };
-            }
+            forward_chunk(self.mask, relu, x, start, out)
         });
         Ok((CpuStorage::F32(out), layout.shape().clone()))
     }
@@ -129,14 +158,7 @@ impl CustomOp1 for Dropout {
         let out = with_f32(x, |x, _| {
             with_f32(grad, |g, _| {
                 Ok(map_indexed(x.len(), |start, out| {
-                    for (j, o) in out.iter_mut().enumerate() {
-                        let i = start + j;
-                        *o = if relu && x[i] <= 0.0 {
-                            0.0
-                        } else {
-                            g[i] * self.mask.factor(i)
-                        };
-                    }
+                    backward_chunk(self.mask, relu, x, g, start, out)
                 }))
             })
         })?;
@@ -158,10 +180,7 @@ impl CustomOp2 for Dropout {
     ) -> Result<(CpuStorage, Shape)> {
         let (x, y) = (contiguous_f32(s1, l1)?, contiguous_f32(s2, l2)?);
         let out = map_indexed(x.len(), |start, out| {
-            for (j, o) in out.iter_mut().enumerate() {
-                let i = start + j;
-                *o = x[i] + y[i] * self.mask.factor(i);
-            }
+            residual_chunk(self.mask, x, y, start, out)
         });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
@@ -175,9 +194,7 @@ impl CustomOp2 for Dropout {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let grad_y = with_f32(grad, |g, _| {
             Ok(map_indexed(g.len(), |start, out| {
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o = g[start + j] * self.mask.factor(start + j);
-                }
+                backward_chunk(self.mask, false, g, g, start, out)
             }))
         })?;
         // The residual path passes the gradient through unchanged: the same tensor.

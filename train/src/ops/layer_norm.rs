@@ -8,7 +8,9 @@
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::{contiguous_f32, rows_per_task};
+use multiversion::multiversion;
+
+use super::{contiguous_f32, dot, rows_per_task, sum, LANES};
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last dimension of `x`.
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
@@ -24,11 +26,37 @@ struct LayerNorm {
 }
 
 /// Mean and `1 / sqrt(var + eps)` of one row.
+#[inline(always)]
 fn moments(row: &[f32], eps: f32) -> (f32, f32) {
     let n = row.len() as f32;
-    let mean = row.iter().sum::<f32>() / n;
-    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let mean = sum(row) / n;
+    // Two passes: the deviations, not E[x^2] - mean^2, keep precision on rows far from 0.
+    let mut acc = [0f32; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail: f32 = chunks
+        .remainder()
+        .iter()
+        .map(|&v| (v - mean) * (v - mean))
+        .sum();
+    for c in chunks {
+        for l in 0..LANES {
+            acc[l] += (c[l] - mean) * (c[l] - mean);
+        }
+    }
+    let var = (acc.iter().sum::<f32>() + tail) / n;
     (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// Normalised rows of `x` into `out`.
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn normalize_rows(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    for (o, row) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+        let (mean, rstd) = moments(row, eps);
+        for (((o, &v), &w), &b) in o.iter_mut().zip(row).zip(weight).zip(bias) {
+            *o = (v - mean) * rstd * w + b;
+        }
+    }
 }
 
 impl CustomOp3 for LayerNorm {
@@ -55,14 +83,7 @@ impl CustomOp3 for LayerNorm {
         let chunk = rows_per_task(x.len() / d) * d;
         out.par_chunks_mut(chunk)
             .zip(x.par_chunks(chunk))
-            .for_each(|(out, x)| {
-                for (o, row) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-                    let (mean, rstd) = moments(row, self.eps);
-                    for (((o, &v), &w), &b) in o.iter_mut().zip(row).zip(weight).zip(bias) {
-                        *o = (v - mean) * rstd * w + b;
-                    }
-                }
-            });
+            .for_each(|(out, x)| normalize_rows(x, weight, bias, self.eps, out));
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
 
@@ -125,13 +146,7 @@ impl CustomOp3 for LayerNormGrad {
             .map(|(grad_x, (x, grad))| {
                 let mut sums = vec![0f32; 2 * d];
                 let (grad_weight, grad_bias) = sums.split_at_mut(d);
-                for ((gx, row), g) in grad_x
-                    .chunks_exact_mut(d)
-                    .zip(x.chunks_exact(d))
-                    .zip(grad.chunks_exact(d))
-                {
-                    self.row(row, g, weight, gx, grad_weight, grad_bias);
-                }
+                grad_rows(x, grad, weight, self.eps, grad_x, grad_weight, grad_bias);
                 sums
             })
             .collect();
@@ -144,34 +159,38 @@ impl CustomOp3 for LayerNormGrad {
     }
 }
 
-impl LayerNormGrad {
-    /// `dx = rstd * (g*w - mean(g*w) - x_hat * mean(g*w * x_hat))` for one row, adding the
-    /// row's share of dweight (`g * x_hat`) and dbias (`g`).
-    fn row(
-        &self,
-        x: &[f32],
-        g: &[f32],
-        weight: &[f32],
-        grad_x: &mut [f32],
-        grad_weight: &mut [f32],
-        grad_bias: &mut [f32],
-    ) {
-        let n = x.len() as f32;
-        let (mean, rstd) = moments(x, self.eps);
-        let (mut mean_gw, mut mean_gw_xhat) = (0f32, 0f32);
-        for i in 0..x.len() {
-            let x_hat = (x[i] - mean) * rstd;
-            let gw = g[i] * weight[i];
-            mean_gw += gw;
-            mean_gw_xhat += gw * x_hat;
-            grad_weight[i] += g[i] * x_hat;
+/// `dx = rstd * (g*w - mean(g*w) - x_hat * mean(g*w * x_hat))` for each row, adding the
+/// rows' share of dweight (`g * x_hat`) and dbias (`g`).
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn grad_rows(
+    x: &[f32],
+    grad: &[f32],
+    weight: &[f32],
+    eps: f32,
+    grad_x: &mut [f32],
+    grad_weight: &mut [f32],
+    grad_bias: &mut [f32],
+) {
+    let d = weight.len();
+    let n = d as f32;
+    let mut gw = vec![0f32; d];
+    for ((gx, x), g) in grad_x
+        .chunks_exact_mut(d)
+        .zip(x.chunks_exact(d))
+        .zip(grad.chunks_exact(d))
+    {
+        let (mean, rstd) = moments(x, eps);
+        for i in 0..d {
+            gw[i] = g[i] * weight[i];
+            grad_weight[i] += g[i] * (x[i] - mean) * rstd;
             grad_bias[i] += g[i];
         }
-        mean_gw /= n;
-        mean_gw_xhat /= n;
-        for i in 0..x.len() {
+        let mean_gw = sum(&gw) / n;
+        // mean(g*w * x_hat) = rstd * (mean(g*w * x) - mean * mean(g*w)).
+        let mean_gw_xhat = rstd * (dot(&gw, x) / n - mean * mean_gw);
+        for i in 0..d {
             let x_hat = (x[i] - mean) * rstd;
-            grad_x[i] = rstd * (g[i] * weight[i] - mean_gw - x_hat * mean_gw_xhat);
+            gx[i] = rstd * (gw[i] - mean_gw - x_hat * mean_gw_xhat);
         }
     }
 }

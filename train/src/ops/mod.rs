@@ -36,3 +36,40 @@ fn with_f32<R>(tensor: &Tensor, f: impl FnOnce(&[f32], &Layout) -> Result<R>) ->
 fn rows_per_task(rows: usize) -> usize {
     rows.div_ceil(4 * rayon::current_num_threads()).max(1)
 }
+
+/// Lanes of the partial sums in [`dot`] and [`sum`]: independent accumulators are what lets
+/// the compiler vectorise a float reduction (it may not reorder one sum).
+pub(crate) const LANES: usize = 16;
+
+/// `sum(a[i] * b[i])`.
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (xs, ys) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = xs
+        .remainder()
+        .iter()
+        .zip(ys.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in xs.zip(ys) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `sum(a[i])`.
+#[inline(always)]
+pub(crate) fn sum(a: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let xs = a.chunks_exact(LANES);
+    let tail: f32 = xs.remainder().iter().sum();
+    for x in xs {
+        for l in 0..LANES {
+            acc[l] += x[l];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
