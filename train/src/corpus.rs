@@ -58,7 +58,8 @@
 //! non-overlapping groups of 2, 4 and 8 verses (`--concat-sizes`); a header line, then columns
 //! `n_verses`, `ref` (e.g. `Dan 1:1-4`), `en`, `es`. `stats.json`: pairs and words per split,
 //! held-out books, what was dropped and why, and (with `--tokenizer`, or after
-//! `nmt-train tokenizer`) subword-length histograms per split.
+//! `nmt-train tokenizer`) subword-length histograms per split: those come from the tokenizer
+//! stage ([`crate::tokenizer::add_subword_stats`]), which reads the corpus, never the reverse.
 //!
 //! The output is deterministic: the same modules and arguments give byte-identical files.
 
@@ -121,7 +122,9 @@ pub struct CorpusArgs {
     /// Group sizes, in consecutive verses, of the long-input test set (test-concat.tsv).
     #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
     pub concat_sizes: Vec<usize>,
-    /// A tokenizer.json: adds per-split histograms of lengths in subwords to stats.json.
+    /// A tokenizer.json: adds per-split histograms of lengths in subwords to stats.json. Read
+    /// by the `nmt-train corpus` command, not by [`run`]: the histograms are the tokenizer
+    /// stage's ([`crate::tokenizer::add_subword_stats`]).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// The diatheke executable (from the Debian package `diatheke`).
@@ -1544,7 +1547,7 @@ pub fn run(args: CorpusArgs) -> anyhow::Result<()> {
             )
         })
         .collect();
-    let mut stats = json!({
+    let stats = json!({
         "modules": {"spanish": SPANISH_MODULE, "train_sources": TRAIN_SOURCES, "held_out_source": HELD_OUT_SOURCE},
         "held_out_books": {"dev": DEV_BOOKS, "test": TEST_BOOKS},
         "train_books": book_names(&train_books),
@@ -1558,10 +1561,6 @@ pub fn run(args: CorpusArgs) -> anyhow::Result<()> {
         "alignment": alignment,
         "length_filter": {"max_ratio": MAX_LENGTH_RATIO, "min_chars": LENGTH_RATIO_MIN_CHARS},
     });
-    if let Some(tok_path) = &args.tokenizer {
-        let tokenizer = crate::tokenizer::load(tok_path)?;
-        stats["subwords"] = crate::tokenizer::subword_stats(&tokenizer, &args.out, tok_path)?;
-    }
     let stats_path = args.out.join("stats.json");
     fs::write(&stats_path, serde_json::to_string_pretty(&stats)? + "\n")
         .with_context(|| format!("writing {}", stats_path.display()))?;

@@ -367,6 +367,26 @@ pub fn subword_stats(
     }))
 }
 
+/// Adds the [`subword_stats`] of `corpus` under `tokenizer_path` to its `stats.json`, as
+/// `subwords` (what `nmt-train corpus --tokenizer` does after building the corpus).
+pub fn add_subword_stats(corpus: &Path, tokenizer_path: &Path) -> Result<()> {
+    let tokenizer = load(tokenizer_path)?;
+    let subwords = subword_stats(&tokenizer, corpus, tokenizer_path)?;
+    write_into_corpus_stats(corpus, &subwords)
+}
+
+fn write_into_corpus_stats(corpus: &Path, subwords: &serde_json::Value) -> Result<()> {
+    let corpus_stats = corpus.join("stats.json");
+    let mut cs: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(&corpus_stats)
+            .with_context(|| format!("reading {}", corpus_stats.display()))?,
+    )
+    .with_context(|| format!("parsing {}", corpus_stats.display()))?;
+    cs["subwords"] = subwords.clone();
+    fs::write(&corpus_stats, serde_json::to_string_pretty(&cs)? + "\n")
+        .with_context(|| format!("writing {}", corpus_stats.display()))
+}
+
 fn stats_path(out: &Path) -> PathBuf {
     let stem = out
         .file_stem()
@@ -431,13 +451,8 @@ pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
     let path = stats_path(&args.out);
     fs::write(&path, serde_json::to_string_pretty(&stats)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
-    let corpus_stats = args.corpus.join("stats.json");
-    if corpus_stats.exists() {
-        let mut cs: serde_json::Value =
-            serde_json::from_str(&fs::read_to_string(&corpus_stats)?)
-                .with_context(|| format!("parsing {}", corpus_stats.display()))?;
-        cs["subwords"] = stats["subwords"].clone();
-        fs::write(&corpus_stats, serde_json::to_string_pretty(&cs)? + "\n")?;
+    if args.corpus.join("stats.json").exists() {
+        write_into_corpus_stats(&args.corpus, &stats["subwords"])?;
     }
 
     println!(
