@@ -492,24 +492,27 @@ pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::corpus::{self, SPANISH_MODULE, WEB_MODULE};
+    use crate::corpus::align::{align, LengthModel};
+    use crate::corpus::canon::book_index;
+    use crate::corpus::sword::{extract_book, SPANISH_MODULE, WEB_MODULE};
+    use crate::corpus::texts::{english_texts, spanish_texts, ModuleTexts};
 
     /// Real verse pairs of some books, cleaned and aligned as the corpus does (needs diatheke and
     /// the modules: scripts/setup.sh).
     fn real_pairs(books: &[&str]) -> Vec<(String, String)> {
         let diatheke = Path::new("diatheke");
-        let mut en = corpus::ModuleTexts::new();
-        let mut es = corpus::ModuleTexts::new();
+        let mut en = ModuleTexts::new();
+        let mut es = ModuleTexts::new();
         for b in books {
-            let book = corpus::book_index(b).unwrap();
-            let web = corpus::extract_book(diatheke, WEB_MODULE, book)
+            let book = book_index(b).unwrap();
+            let web = extract_book(diatheke, WEB_MODULE, book)
                 .expect("diatheke (install it with scripts/setup.sh)");
-            en.extend(corpus::english_texts(&web));
-            es.extend(corpus::spanish_texts(
-                &corpus::extract_book(diatheke, SPANISH_MODULE, book).unwrap(),
+            en.extend(english_texts(&web));
+            es.extend(spanish_texts(
+                &extract_book(diatheke, SPANISH_MODULE, book).unwrap(),
             ));
         }
-        corpus::align(&en, &es, corpus::LengthModel::for_source(WEB_MODULE))
+        align(&en, &es, LengthModel::for_source(WEB_MODULE))
             .0
             .into_iter()
             .map(|p| (p.en, p.es))
