@@ -19,6 +19,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# scripts/test.sh runs cargo fmt and cargo clippy. rustup's default profile has both; a
+# minimal-profile toolchain lacks them.
+for component in rustfmt clippy; do
+  subcommand=${component/rustfmt/fmt}
+  if ! cargo "$subcommand" --version >/dev/null 2>&1; then
+    echo "setup: installing the $component component"
+    rustup component add "$component"
+  fi
+done
+
 if ! python3 -c "import onnxruntime, onnx, sacrebleu; assert onnxruntime.__version__ == '1.31.1'" 2>/dev/null; then
   echo "setup: installing Python packages: ${PIP_PACKAGES[*]}"
   python3 -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"

@@ -24,7 +24,16 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     nmt_train::tune_for_training();
     match Cli::parse().command {
-        Command::Corpus(args) => nmt_train::corpus::run(args),
+        Command::Corpus(mut args) => {
+            // Subword statistics need the tokenizer, a later stage than the corpus.
+            let tokenizer = args.tokenizer.take();
+            let out = args.out.clone();
+            nmt_train::corpus::run(args)?;
+            match tokenizer {
+                Some(path) => nmt_train::tokenizer::add_subword_stats(&out, &path),
+                None => Ok(()),
+            }
+        }
         Command::Tokenizer(args) => nmt_train::tokenizer::run(args),
         Command::Train(args) => nmt_train::train::run(args),
         Command::Average(args) => nmt_train::train::checkpoint::run_average(args),

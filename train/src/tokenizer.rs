@@ -367,6 +367,26 @@ pub fn subword_stats(
     }))
 }
 
+/// Adds the [`subword_stats`] of `corpus` under `tokenizer_path` to its `stats.json`, as
+/// `subwords` (what `nmt-train corpus --tokenizer` does after building the corpus).
+pub fn add_subword_stats(corpus: &Path, tokenizer_path: &Path) -> Result<()> {
+    let tokenizer = load(tokenizer_path)?;
+    let subwords = subword_stats(&tokenizer, corpus, tokenizer_path)?;
+    write_into_corpus_stats(corpus, &subwords)
+}
+
+fn write_into_corpus_stats(corpus: &Path, subwords: &serde_json::Value) -> Result<()> {
+    let corpus_stats = corpus.join("stats.json");
+    let mut cs: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(&corpus_stats)
+            .with_context(|| format!("reading {}", corpus_stats.display()))?,
+    )
+    .with_context(|| format!("parsing {}", corpus_stats.display()))?;
+    cs["subwords"] = subwords.clone();
+    fs::write(&corpus_stats, serde_json::to_string_pretty(&cs)? + "\n")
+        .with_context(|| format!("writing {}", corpus_stats.display()))
+}
+
 fn stats_path(out: &Path) -> PathBuf {
     let stem = out
         .file_stem()
@@ -431,13 +451,8 @@ pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
     let path = stats_path(&args.out);
     fs::write(&path, serde_json::to_string_pretty(&stats)? + "\n")
         .with_context(|| format!("writing {}", path.display()))?;
-    let corpus_stats = args.corpus.join("stats.json");
-    if corpus_stats.exists() {
-        let mut cs: serde_json::Value =
-            serde_json::from_str(&fs::read_to_string(&corpus_stats)?)
-                .with_context(|| format!("parsing {}", corpus_stats.display()))?;
-        cs["subwords"] = stats["subwords"].clone();
-        fs::write(&corpus_stats, serde_json::to_string_pretty(&cs)? + "\n")?;
+    if args.corpus.join("stats.json").exists() {
+        write_into_corpus_stats(&args.corpus, &stats["subwords"])?;
     }
 
     println!(
@@ -477,24 +492,27 @@ pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::corpus::{self, SPANISH_MODULE, WEB_MODULE};
+    use crate::corpus::align::{align, LengthModel};
+    use crate::corpus::canon::book_index;
+    use crate::corpus::sword::{extract_book, SPANISH_MODULE, WEB_MODULE};
+    use crate::corpus::texts::{english_texts, spanish_texts, ModuleTexts};
 
     /// Real verse pairs of some books, cleaned and aligned as the corpus does (needs diatheke and
     /// the modules: scripts/setup.sh).
     fn real_pairs(books: &[&str]) -> Vec<(String, String)> {
         let diatheke = Path::new("diatheke");
-        let mut en = corpus::ModuleTexts::new();
-        let mut es = corpus::ModuleTexts::new();
+        let mut en = ModuleTexts::new();
+        let mut es = ModuleTexts::new();
         for b in books {
-            let book = corpus::book_index(b).unwrap();
-            let web = corpus::extract_book(diatheke, WEB_MODULE, book)
+            let book = book_index(b).unwrap();
+            let web = extract_book(diatheke, WEB_MODULE, book)
                 .expect("diatheke (install it with scripts/setup.sh)");
-            en.extend(corpus::english_texts(&web));
-            es.extend(corpus::spanish_texts(
-                &corpus::extract_book(diatheke, SPANISH_MODULE, book).unwrap(),
+            en.extend(english_texts(&web));
+            es.extend(spanish_texts(
+                &extract_book(diatheke, SPANISH_MODULE, book).unwrap(),
             ));
         }
-        corpus::align(&en, &es, corpus::LengthModel::for_source(WEB_MODULE))
+        align(&en, &es, LengthModel::for_source(WEB_MODULE))
             .0
             .into_iter()
             .map(|p| (p.en, p.es))

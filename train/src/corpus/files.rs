@@ -1,0 +1,126 @@
+//! The files of a corpus directory: written by `nmt-train corpus`, read by the later stages.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{ensure, Context, Result};
+
+use super::splits::{ConcatExample, Splits};
+
+/// Split names, as `read_parallel` takes them.
+pub const SPLITS: [&str; 3] = ["train", "dev", "test"];
+
+/// Reads a split ("train", "dev" or "test") written by `nmt-train corpus`: (English, Spanish)
+/// pairs in file order.
+pub fn read_parallel(dir: &Path, split: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let read = |lang: &str| -> Result<Vec<String>> {
+        let path = dir.join(format!("{split}.{lang}"));
+        let text = fs::read_to_string(&path)
+            .with_context(|| format!("reading {} (run `nmt-train corpus`)", path.display()))?;
+        Ok(text.lines().map(str::to_string).collect())
+    };
+    let en = read("en")?;
+    let es = read("es")?;
+    ensure!(
+        en.len() == es.len(),
+        "{}: {split}.en has {} lines, {split}.es {}",
+        dir.display(),
+        en.len(),
+        es.len()
+    );
+    Ok(en.into_iter().zip(es).collect())
+}
+
+/// Reads `test-concat.tsv`.
+pub fn read_concat(dir: &Path) -> Result<Vec<ConcatExample>> {
+    let path = dir.join("test-concat.tsv");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        ensure!(
+            cols.len() == 4,
+            "{}:{}: expected 4 columns",
+            path.display(),
+            i + 1
+        );
+        out.push(ConcatExample {
+            n_verses: cols[0]
+                .parse()
+                .with_context(|| format!("{}:{}: n_verses", path.display(), i + 1))?,
+            reference: cols[1].to_string(),
+            en: cols[2].to_string(),
+            es: cols[3].to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Writes the splits and the long-input test set (`test-concat.tsv`) to `out`.
+pub fn write_corpus(out: &Path, splits: &Splits, concat: &[ConcatExample]) -> Result<()> {
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    for (name, split) in [
+        ("train", &splits.train),
+        ("dev", &splits.dev),
+        ("test", &splits.test),
+    ] {
+        write_lines(
+            &out.join(format!("{name}.en")),
+            split.iter().map(|e| e.en.as_str()),
+        )?;
+        write_lines(
+            &out.join(format!("{name}.es")),
+            split.iter().map(|e| e.es.as_str()),
+        )?;
+    }
+    let concat_lines: Vec<String> = std::iter::once("n_verses\tref\ten\tes".to_string())
+        .chain(
+            concat
+                .iter()
+                .map(|c| format!("{}\t{}\t{}\t{}", c.n_verses, c.reference, c.en, c.es)),
+        )
+        .collect();
+    write_lines(
+        &out.join("test-concat.tsv"),
+        concat_lines.iter().map(String::as_str),
+    )?;
+    Ok(())
+}
+
+fn write_lines<'a>(path: &Path, lines: impl IntoIterator<Item = &'a str>) -> Result<()> {
+    let mut f = std::io::BufWriter::new(
+        fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    for line in lines {
+        debug_assert!(!line.contains('\n'));
+        f.write_all(line.as_bytes())?;
+        f.write_all(b"\n")?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_parallel_reads_what_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        write_lines(&dir.path().join("dev.en"), ["a b", "c"]).unwrap();
+        write_lines(&dir.path().join("dev.es"), ["x y", "z"]).unwrap();
+        let pairs = read_parallel(dir.path(), "dev").unwrap();
+        assert_eq!(
+            pairs,
+            [
+                ("a b".to_string(), "x y".to_string()),
+                ("c".into(), "z".into())
+            ]
+        );
+        write_lines(&dir.path().join("test.en"), ["a"]).unwrap();
+        write_lines(&dir.path().join("test.es"), ["x", "y"]).unwrap();
+        assert!(read_parallel(dir.path(), "test").is_err());
+        assert!(read_parallel(dir.path(), "train").is_err());
+    }
+}
