@@ -211,7 +211,7 @@ fn row_cells(row: &Row) -> String {
         c.sentences,
         ci(&s.bleu),
         ci(&s.chrf),
-        ci(&s.ter),
+        s.ter.as_ref().map_or("–".into(), ci),
         s.length_ratio,
         c.refused,
         pct(c.looping_share, c),
@@ -356,11 +356,11 @@ mod tests {
                     mean: None,
                     ci: None,
                 },
-                ter: Metric {
+                ter: Some(Metric {
                     score: 90.0,
                     mean: None,
                     ci: None,
-                },
+                }),
                 length_ratio: ratio,
                 hyp_len: 10,
                 ref_len: 9,

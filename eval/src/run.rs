@@ -352,11 +352,16 @@ fn plan(dir: &Path, set: &EvalSet, decoded: &Decoded, reference_file: &Path) -> 
 }
 
 impl Plan {
-    /// Every subset in a fixed order: the order of the jobs and of their results.
-    fn subsets(&self) -> Vec<&Pending> {
-        let mut all = vec![&self.overall];
-        all.extend(self.buckets.iter().map(|(_, p)| p));
-        all.extend(self.concat.iter().flat_map(|(_, a, b)| [a, b]));
+    /// Every subset in a fixed order, the order of the jobs and of their results, and
+    /// whether it gets TER (not the long-input set: see [`Job::single`]).
+    fn subsets(&self) -> Vec<(&Pending, bool)> {
+        let mut all = vec![(&self.overall, true)];
+        all.extend(self.buckets.iter().map(|(_, p)| (p, true)));
+        all.extend(
+            self.concat
+                .iter()
+                .flat_map(|(_, a, b)| [(a, false), (b, false)]),
+        );
         all
     }
 }
@@ -485,7 +490,7 @@ fn score(
     let mut jobs: Vec<Job> = plans
         .iter()
         .flat_map(Plan::subsets)
-        .map(|p| Job::single(&p.references, &p.hypotheses, samples))
+        .map(|(p, ter)| Job::single(&p.references, &p.hypotheses, samples, ter))
         .collect();
     let singles = jobs.len();
     if let Some(b) = baseline {
