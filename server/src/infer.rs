@@ -137,11 +137,42 @@ pub enum LimitSource {
 impl Model {
     /// The input limit that applies, and where it comes from.
     fn input_limit(&self, limits: &RequestLimits) -> (usize, LimitSource) {
-        match self.max_source_tokens {
-            Some(m) if m < limits.max_input_tokens => (m, LimitSource::Model),
-            _ => (limits.max_input_tokens, LimitSource::Server),
+        limits.input_limit(self.max_source_tokens)
+    }
+}
+
+// The rules that turn a text into decoder input, public so that offline tools (`nmt-eval`)
+// decode exactly as a request is decoded here.
+impl RequestLimits {
+    /// The input limit for a model whose own bound is `model_max` (EOS not counted; `None`
+    /// when it has none), and where it comes from.
+    pub fn input_limit(&self, model_max: Option<usize>) -> (usize, LimitSource) {
+        match model_max {
+            Some(m) if m < self.max_input_tokens => (m, LimitSource::Model),
+            _ => (self.max_input_tokens, LimitSource::Server),
         }
     }
+
+    /// Most tokens generated per text for a model whose own bound is `model_max`.
+    pub fn max_output(&self, model_max: usize) -> usize {
+        self.max_output_tokens.min(model_max)
+    }
+
+    /// The output budget of a text of `source_tokens` subwords decoded without a target
+    /// length: `ratio * source_tokens + offset`, within `1..=max_output`.
+    pub fn output_budget(&self, source_tokens: usize, max_output: usize) -> usize {
+        let bound =
+            (self.max_length_ratio * source_tokens as f64).ceil() as usize + self.max_length_offset;
+        bound.clamp(1, max_output)
+    }
+}
+
+/// The encoder input of a text's subword `ids`: EOS appended, as the model was trained.
+pub fn source_ids(ids: &[u32], eos_id: u32) -> Vec<i64> {
+    ids.iter()
+        .map(|&id| i64::from(id))
+        .chain([i64::from(eos_id)])
+        .collect()
 }
 
 /// A request that passed every check.
@@ -242,7 +273,7 @@ impl Infer {
                     limits: ModelLimits {
                         max_input_tokens,
                         input_limit_from,
-                        max_output_tokens: limits.max_output_tokens.min(m.max_target_tokens),
+                        max_output_tokens: limits.max_output(m.max_target_tokens),
                     },
                 }
             })
@@ -306,7 +337,7 @@ impl Infer {
                 limits.max_texts_per_request
             )));
         }
-        let max_output = limits.max_output_tokens.min(model.max_target_tokens);
+        let max_output = limits.max_output(model.max_target_tokens);
         if let Some(TargetLength::Tokens(n)) = request.target_length {
             if n == 0 || n > max_output {
                 return Err(ApiError::InvalidTargetLength(format!(
@@ -350,8 +381,7 @@ impl Infer {
                     ids.len()
                 )));
             }
-            let mut source_ids: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
-            source_ids.push(i64::from(model.eos_id));
+            let source_ids = source_ids(&ids, model.eos_id);
             let target = match request.target_length {
                 None => None,
                 Some(TargetLength::Tokens(n)) => Some(n),
@@ -366,11 +396,7 @@ impl Infer {
                     min_output_tokens: n,
                     max_output_tokens: n,
                 },
-                None => {
-                    let bound = (limits.max_length_ratio * ids.len() as f64).ceil() as usize
-                        + limits.max_length_offset;
-                    DecodeInput::new(source_ids, bound.clamp(1, max_output))
-                }
+                None => DecodeInput::new(source_ids, limits.output_budget(ids.len(), max_output)),
             };
             valid.inputs.push(input);
             valid.source_tokens.push(ids.len());
@@ -500,5 +526,42 @@ impl Infer {
             model: valid.model.name.clone(),
             translations,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> RequestLimits {
+        RequestLimits {
+            max_texts_per_request: 64,
+            max_input_tokens: 256,
+            max_output_tokens: 100,
+            max_body_bytes: 1 << 20,
+            max_length_ratio: 1.5,
+            max_length_offset: 10,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn decoding_rules_for_a_text_without_a_target_length() {
+        let limits = limits();
+        // ceil(1.5 * 7) + 10 = 21; capped by the model's bound and kept at least 1.
+        assert_eq!(limits.output_budget(7, 100), 21);
+        assert_eq!(limits.output_budget(200, limits.max_output(64)), 64);
+        assert_eq!(
+            RequestLimits {
+                max_length_offset: 0,
+                ..limits.clone()
+            }
+            .output_budget(0, 64),
+            1
+        );
+        assert_eq!(limits.input_limit(Some(127)), (127, LimitSource::Model));
+        assert_eq!(limits.input_limit(Some(300)), (256, LimitSource::Server));
+        assert_eq!(limits.input_limit(None), (256, LimitSource::Server));
+        assert_eq!(source_ids(&[5, 9], 2), vec![5, 9, 2]);
     }
 }

@@ -149,6 +149,19 @@ impl Args {
         args
     }
 
+    /// The limits every request is checked against.
+    pub fn request_limits(&self) -> anyhow::Result<RequestLimits> {
+        Ok(RequestLimits {
+            max_texts_per_request: self.max_texts_per_request,
+            max_input_tokens: self.max_input_tokens,
+            max_output_tokens: self.max_output_tokens,
+            max_body_bytes: self.max_body_bytes,
+            max_length_ratio: self.max_length_ratio,
+            max_length_offset: self.max_length_offset,
+            request_timeout: Args::seconds(self.request_timeout, "request-timeout")?,
+        })
+    }
+
     fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
         Duration::try_from_secs_f64(value)
             .map_err(|_| anyhow::anyhow!("--{flag} must be a non-negative number of seconds"))
@@ -205,16 +218,7 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
             .map(|m| m.name.clone())
             .context("no --model-dir given")?,
     };
-    let limits = RequestLimits {
-        max_texts_per_request: args.max_texts_per_request,
-        max_input_tokens: args.max_input_tokens,
-        max_output_tokens: args.max_output_tokens,
-        max_body_bytes: args.max_body_bytes,
-        max_length_ratio: args.max_length_ratio,
-        max_length_offset: args.max_length_offset,
-        request_timeout: Args::seconds(args.request_timeout, "request-timeout")?,
-    };
-    Infer::new(models, &default, limits, metrics)
+    Infer::new(models, &default, args.request_limits()?, metrics)
 }
 
 /// One package: checked, its sessions opened, its worker thread started.
@@ -267,13 +271,18 @@ fn load_model(
         codec: TextCodec::new(package.tokenizer),
         translator,
         eos_id: manifest.eos_id,
-        // The manifest's limit counts EOS; the request limit does not.
-        max_source_tokens: manifest
-            .limits
-            .max_source_tokens
-            .map(|m| m.saturating_sub(1)),
+        max_source_tokens: model_input_limit(manifest),
         max_target_tokens: manifest.limits.max_target_tokens,
     })
+}
+
+/// The longest input the model itself takes, in subwords without EOS (the manifest's limit
+/// counts EOS; request limits do not); `None` when it declares none.
+pub fn model_input_limit(manifest: &model_package::Manifest) -> Option<usize> {
+    manifest
+        .limits
+        .max_source_tokens
+        .map(|m| m.saturating_sub(1))
 }
 
 /// Loads the model, binds, prints `listening on http://ADDR` then `grpc listening on ADDR`

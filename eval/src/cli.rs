@@ -1,0 +1,130 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use nmt_server::onnx::Device;
+
+/// Evaluates model packages the way nmt-server translates: the same tokenizer, length
+/// budget, ONNX Runtime engine and greedy decode loop, with no HTTP in between. Scores with
+/// sacrebleu's own command line (BLEU, chrF, TER with bootstrap confidence intervals, and the
+/// paired bootstrap against a baseline), overall and by source length in the server's
+/// `input_length` buckets; counts looping outputs and outputs that hit the length budget;
+/// evaluates the long-input set (test-concat.tsv) against the same verses translated one by
+/// one. Writes hypotheses, report.json, report.md and PNG plots to `--out`.
+///
+/// Needs ONNX Runtime (`source scripts/env.sh` sets ORT_DYLIB_PATH) and python3 with
+/// sacrebleu 2.6.0 (`scripts/setup.sh` installs both). Server limits (`--max-length-ratio`,
+/// `--max-length-offset`, `--max-output-tokens`, `--max-input-tokens`) are nmt-server's
+/// defaults, or its `NMT_*` environment variables when set, so the numbers are the server's.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "nmt-eval", version, about, long_about)]
+pub struct Args {
+    /// Model package directory to evaluate; repeat the flag to evaluate several on the same
+    /// set. Without `--baseline`, the first is the baseline of the paired bootstrap when
+    /// several are given.
+    #[arg(long = "package", required = true)]
+    pub packages: Vec<PathBuf>,
+
+    /// Baseline package of the paired bootstrap (sacrebleu `--paired-bs`): every `--package`
+    /// is tested against it.
+    #[arg(long)]
+    pub baseline: Option<PathBuf>,
+
+    /// Corpus directory written by `nmt-train corpus`: `<split>.en`/`<split>.es` are the test
+    /// set (unless `--source`/`--reference` are given) and `test-concat.tsv` the long-input set.
+    #[arg(long, default_value = "data/corpus")]
+    pub corpus: PathBuf,
+
+    /// The corpus split to evaluate: `dev` or `test`.
+    #[arg(long, default_value = "test")]
+    pub split: String,
+
+    /// Source sentences, one a line (any parallel set; replaces `--split`).
+    #[arg(long, requires = "reference")]
+    pub source: Option<PathBuf>,
+
+    /// Reference translations, one a line, aligned with `--source`.
+    #[arg(long, requires = "source")]
+    pub reference: Option<PathBuf>,
+
+    /// Long-input set (columns n_verses, ref, en, es), scored per n_verses group against the
+    /// same verses translated one by one, which are looked up in `test.en`/`test.es` beside it.
+    /// Default: `<corpus>/test-concat.tsv` when the set is the corpus test split.
+    #[arg(long, conflicts_with = "no_concat")]
+    pub concat: Option<PathBuf>,
+
+    /// Skip the long-input set.
+    #[arg(long)]
+    pub no_concat: bool,
+
+    /// Evaluate only the first N sentences, and of the long-input set the first N / n_verses
+    /// groups (at least one) of each size: for quick runs and tests.
+    #[arg(long)]
+    pub limit: Option<usize>,
+
+    /// Sentences decoded together; they are sorted by length first, so a batch wastes little
+    /// on padding. Outputs are written in input order.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+
+    /// Decode inputs longer than the input limit (the model's own `max_source_tokens`, or the
+    /// server's `--max-input-tokens`) instead of counting them as refused with an empty
+    /// output, as the server refuses them (413). Shows how a model degrades past its limit.
+    #[arg(long)]
+    pub beyond_input_limit: bool,
+
+    /// Output directory: per package its hypotheses (`<label>/`), and report.json, report.md,
+    /// bleu_by_length.png, length_ratio_by_length.png. Default: `runs/eval-<set>`.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+
+    /// Bootstrap resamples of sacrebleu's `--confidence-n` and `--paired-bs-n`.
+    #[arg(long, default_value_t = 1000)]
+    pub bootstrap_samples: usize,
+
+    /// Python interpreter with sacrebleu 2.6.0 installed.
+    #[arg(long, env = "NMT_EVAL_PYTHON", default_value = "python3")]
+    pub python: PathBuf,
+
+    /// TrueType font for the plots' text (Debian package fonts-dejavu-core).
+    #[arg(
+        long,
+        default_value = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+    )]
+    pub font: PathBuf,
+
+    /// Where the graphs run, as nmt-server's `--device`: `auto` takes CUDA when available.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
+
+    /// Threads one ONNX Runtime operator may use.
+    #[arg(long, default_value_t = 1)]
+    pub intra_op_threads: usize,
+
+    /// ONNX Runtime shared library (libonnxruntime.so); `source scripts/env.sh` sets it.
+    #[arg(long, env = "ORT_DYLIB_PATH")]
+    pub ort_dylib_path: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent_and_every_flag_is_documented() {
+        Args::command().debug_assert();
+        for arg in Args::command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            assert!(arg.get_help().is_some(), "--{id} has no help text");
+        }
+        let args = Args::try_parse_from(["nmt-eval", "--package", "p", "--package", "q"]).unwrap();
+        assert_eq!(args.packages.len(), 2);
+        assert!(Args::try_parse_from(["nmt-eval", "--package", "p", "--source", "s"]).is_err());
+        assert!(Args::try_parse_from(["nmt-eval"]).is_err());
+    }
+}

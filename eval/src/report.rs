@@ -1,0 +1,512 @@
+//! The report: what report.json holds, and its Markdown rendering.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::engine::PackageInfo;
+use crate::sacrebleu::{PairedMetric, Scores, Signatures};
+use crate::stats::Counts;
+
+/// p-values below this count as a significant difference.
+pub const SIGNIFICANCE_LEVEL: f64 = 0.05;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// `nmt-eval <version>`.
+    pub tool: String,
+    pub set: SetInfo,
+    pub decoding: Decoding,
+    pub sacrebleu: SacrebleuInfo,
+    pub systems: Vec<SystemReport>,
+    pub paired_bootstrap: Option<PairedReport>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SetInfo {
+    pub name: String,
+    pub source: PathBuf,
+    pub reference: PathBuf,
+    /// The references as scored (the first `--limit` lines).
+    pub reference_file: PathBuf,
+    pub sentences: usize,
+    pub concat: Option<PathBuf>,
+}
+
+/// The server's rules the decoding followed.
+#[derive(Clone, Debug, Serialize)]
+pub struct Decoding {
+    pub batch_size: usize,
+    pub max_length_ratio: f64,
+    pub max_length_offset: usize,
+    pub beyond_input_limit: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SacrebleuInfo {
+    pub signatures: Signatures,
+    pub bootstrap_samples: usize,
+    /// Every scoring command, to rerun by hand.
+    pub commands: Vec<String>,
+}
+
+/// A set of sentences: tool counts and sacrebleu scores.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Row {
+    #[serde(flatten)]
+    pub counts: Counts,
+    #[serde(flatten)]
+    pub scores: Scores,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BucketRow {
+    /// The server's `input_length` label (source subwords).
+    pub bucket: String,
+    #[serde(flatten)]
+    pub row: Row,
+}
+
+/// One group size of the long-input set.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConcatRow {
+    pub n_verses: usize,
+    /// Each group translated as one input.
+    pub concat: Row,
+    /// The same verses translated one by one and joined with a space; a group counts as
+    /// refused or as hitting the budget when one of its verses does.
+    pub one_by_one: Row,
+    /// Concat BLEU minus one-by-one BLEU: the long-input penalty.
+    pub bleu_delta: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SystemReport {
+    /// Folder name under `--out` and name in the tables.
+    pub label: String,
+    pub package: PackageInfo,
+    pub hypotheses: PathBuf,
+    pub seconds: f64,
+    pub sentences_per_second: f64,
+    pub output_tokens_per_second: f64,
+    pub overall: Row,
+    pub by_source_length: Vec<BucketRow>,
+    pub concat: Vec<ConcatRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PairedReport {
+    pub baseline: String,
+    pub samples: usize,
+    pub significance_level: f64,
+    pub systems: Vec<PairedEntry>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PairedEntry {
+    pub label: String,
+    pub bleu: Compared,
+    pub chrf: Compared,
+    pub ter: Compared,
+}
+
+/// A metric of a system compared with the baseline.
+#[derive(Clone, Debug, Serialize)]
+pub struct Compared {
+    #[serde(flatten)]
+    pub metric: PairedMetric,
+    pub delta: f64,
+    pub significant: bool,
+}
+
+impl Compared {
+    /// A difference is significant when sacrebleu's p-value is below the level and the
+    /// scores differ at all: with a zero difference sacrebleu's p is 1/(samples+1) (it counts
+    /// resampled differences strictly above the observed one), which is no evidence of a
+    /// difference.
+    pub fn new(metric: PairedMetric, baseline: &PairedMetric) -> Compared {
+        let delta = metric.score - baseline.score;
+        let significant = delta != 0.0 && metric.p_value.is_some_and(|p| p < SIGNIFICANCE_LEVEL);
+        Compared {
+            metric,
+            delta,
+            significant,
+        }
+    }
+}
+
+fn ci(m: &crate::sacrebleu::Metric) -> String {
+    match m.ci {
+        Some(ci) => format!("{:.2} ± {:.2}", m.score, ci),
+        None => format!("{:.2}", m.score),
+    }
+}
+
+/// A share of the decoded sentences; "–" when none was decoded.
+fn pct(share: f64, counts: &Counts) -> String {
+    decoded(counts, || format!("{:.1}%", 100.0 * share))
+}
+
+/// `cell()` when some sentence was decoded, "–" otherwise.
+fn decoded(counts: &Counts, cell: impl FnOnce() -> String) -> String {
+    if counts.refused == counts.sentences {
+        "–".into()
+    } else {
+        cell()
+    }
+}
+
+/// The Markdown report.
+pub fn render_markdown(report: &Report) -> String {
+    let mut md = String::new();
+    let set = &report.set;
+    let _ = writeln!(md, "# Evaluation: {}\n", set.name);
+    let _ = writeln!(
+        md,
+        "{} sentences from `{}` / `{}`; greedy decoding as nmt-server does it (budget \
+         {} × source subwords + {}, batches of {}{}). Scores: sacrebleu, 95% bootstrap \
+         confidence intervals ({} resamples). Shares of looping outputs (a word 3-gram 3 or \
+         more times) and of outputs that hit the length budget are over decoded sentences; \
+         Δlen is output minus reference subwords (mean and variance).\n",
+        set.sentences,
+        set.source.display(),
+        set.reference.display(),
+        report.decoding.max_length_ratio,
+        report.decoding.max_length_offset,
+        report.decoding.batch_size,
+        if report.decoding.beyond_input_limit {
+            "; inputs over the input limit decoded anyway"
+        } else {
+            "; inputs over the input limit are refused, as the server does, and score as empty"
+        },
+        report.sacrebleu.bootstrap_samples,
+    );
+    overall_table(&mut md, report);
+    for system in &report.systems {
+        bucket_table(&mut md, system);
+    }
+    if report.systems.iter().any(|s| !s.concat.is_empty()) {
+        concat_tables(&mut md, report);
+    }
+    if let Some(paired) = &report.paired_bootstrap {
+        paired_table(&mut md, paired);
+    }
+    let sig = &report.sacrebleu.signatures;
+    let _ = writeln!(
+        md,
+        "## Signatures\n\n- BLEU `{}`\n- chrF `{}`\n- TER `{}`",
+        sig.bleu, sig.chrf, sig.ter
+    );
+    md
+}
+
+const ROW_HEADER: &str = "| sentences | BLEU | chrF | TER | length ratio | refused | looping | hit budget | Δlen mean | Δlen var |";
+const ROW_RULE: &str = "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+
+fn row_cells(row: &Row) -> String {
+    let (c, s) = (&row.counts, &row.scores);
+    format!(
+        "{} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} |",
+        c.sentences,
+        ci(&s.bleu),
+        ci(&s.chrf),
+        s.ter.as_ref().map_or("–".into(), ci),
+        s.length_ratio,
+        c.refused,
+        pct(c.looping_share, c),
+        pct(c.hit_budget_share, c),
+        decoded(c, || format!("{:.1}", c.subword_diff_mean)),
+        decoded(c, || format!("{:.1}", c.subword_diff_variance)),
+    )
+}
+
+fn overall_table(md: &mut String, report: &Report) {
+    let _ = writeln!(md, "## Overall\n");
+    let _ = writeln!(md, "| package {ROW_HEADER} sentences/s |");
+    let _ = writeln!(md, "| --- {ROW_RULE} ---: |");
+    for s in &report.systems {
+        let _ = writeln!(
+            md,
+            "| {} | {} {:.1} |",
+            s.label,
+            row_cells(&s.overall),
+            s.sentences_per_second
+        );
+    }
+    let _ = writeln!(md);
+}
+
+fn bucket_table(md: &mut String, system: &SystemReport) {
+    let _ = writeln!(
+        md,
+        "## {}: by source length (subwords, the server's buckets)\n",
+        system.label
+    );
+    let _ = writeln!(md, "| bucket {ROW_HEADER}");
+    let _ = writeln!(md, "| --- {ROW_RULE}");
+    for b in &system.by_source_length {
+        let _ = writeln!(md, "| {} | {}", b.bucket, row_cells(&b.row));
+    }
+    let _ = writeln!(md);
+}
+
+fn concat_tables(md: &mut String, report: &Report) {
+    let _ = writeln!(
+        md,
+        "## Long inputs: verses joined into one input vs translated one by one\n"
+    );
+    let _ = writeln!(
+        md,
+        "| package | verses | groups | source subwords | refused | BLEU joined | BLEU one by one | ΔBLEU | chrF joined | chrF one by one | ratio joined | ratio one by one | looping | hit budget |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for s in &report.systems {
+        for c in &s.concat {
+            let (j, o) = (&c.concat, &c.one_by_one);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {:+.2} | {:.2} | {:.2} | {:.3} | {:.3} | {} | {} |",
+                s.label,
+                c.n_verses,
+                j.counts.sentences,
+                j.counts.mean_source_subwords,
+                j.counts.refused,
+                ci(&j.scores.bleu),
+                ci(&o.scores.bleu),
+                c.bleu_delta,
+                j.scores.chrf.score,
+                o.scores.chrf.score,
+                j.scores.length_ratio,
+                o.scores.length_ratio,
+                pct(j.counts.looping_share, &j.counts),
+                pct(j.counts.hit_budget_share, &j.counts),
+            );
+        }
+    }
+    let _ = writeln!(md);
+}
+
+fn paired_table(md: &mut String, paired: &PairedReport) {
+    let _ = writeln!(
+        md,
+        "## Paired bootstrap against {} (sacrebleu --paired-bs, {} resamples)\n",
+        paired.baseline, paired.samples
+    );
+    let _ = writeln!(
+        md,
+        "| package | BLEU | chrF | TER |\n| --- | ---: | ---: | ---: |"
+    );
+    let cell = |c: &Compared| match c.metric.p_value {
+        Some(p) => format!(
+            "{:.2} ({:+.2}, p = {:.4}){}",
+            c.metric.score,
+            c.delta,
+            p,
+            if c.significant { " *" } else { "" }
+        ),
+        None => format!("{:.2} (baseline)", c.metric.score),
+    };
+    for e in &paired.systems {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            e.label,
+            cell(&e.bleu),
+            cell(&e.chrf),
+            cell(&e.ter)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n`*`: significant at p < {} with a non-zero difference.\n",
+        paired.significance_level
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sacrebleu::Metric;
+
+    fn row(sentences: usize, bleu: f64, ratio: f64) -> Row {
+        Row {
+            counts: Counts {
+                sentences,
+                refused: 1,
+                looping: 1,
+                looping_share: 0.25,
+                hit_budget: 0,
+                hit_budget_share: 0.0,
+                mean_source_subwords: 20.0,
+                subword_diff_mean: 1.5,
+                subword_diff_variance: 4.0,
+            },
+            scores: Scores {
+                bleu: Metric {
+                    score: bleu,
+                    mean: Some(bleu),
+                    ci: Some(1.25),
+                },
+                chrf: Metric {
+                    score: 30.0,
+                    mean: None,
+                    ci: None,
+                },
+                ter: Some(Metric {
+                    score: 90.0,
+                    mean: None,
+                    ci: None,
+                }),
+                length_ratio: ratio,
+                hyp_len: 10,
+                ref_len: 9,
+                signatures: Signatures::default(),
+            },
+        }
+    }
+
+    fn system(label: &str) -> SystemReport {
+        SystemReport {
+            label: label.into(),
+            package: PackageInfo {
+                dir: "models/m".into(),
+                name: "m".into(),
+                preset: "transformer".into(),
+                execution_provider: "CPU".into(),
+                input_limit: 127,
+                max_output_tokens: 256,
+            },
+            hypotheses: format!("out/{label}/test.hyp").into(),
+            seconds: 2.0,
+            sentences_per_second: 2.0,
+            output_tokens_per_second: 40.0,
+            overall: row(4, 10.5, 1.1),
+            by_source_length: vec![
+                BucketRow {
+                    bucket: "1-16".into(),
+                    row: row(1, 3.0, 1.9),
+                },
+                BucketRow {
+                    bucket: "17-32".into(),
+                    row: row(3, 12.0, 1.05),
+                },
+            ],
+            concat: vec![ConcatRow {
+                n_verses: 2,
+                concat: row(2, 8.0, 1.2),
+                one_by_one: row(2, 11.0, 1.1),
+                bleu_delta: -3.0,
+            }],
+        }
+    }
+
+    fn paired(p: f64, score: f64) -> PairedMetric {
+        PairedMetric {
+            score,
+            mean: score,
+            ci: 1.0,
+            p_value: Some(p),
+        }
+    }
+
+    fn report() -> Report {
+        let base = PairedMetric {
+            p_value: None,
+            ..paired(0.0, 10.5)
+        };
+        Report {
+            tool: "nmt-eval 0".into(),
+            set: SetInfo {
+                name: "test".into(),
+                source: "data/corpus/test.en".into(),
+                reference: "data/corpus/test.es".into(),
+                reference_file: "out/test.ref".into(),
+                sentences: 4,
+                concat: None,
+            },
+            decoding: Decoding {
+                batch_size: 32,
+                max_length_ratio: 2.0,
+                max_length_offset: 10,
+                beyond_input_limit: false,
+            },
+            sacrebleu: SacrebleuInfo {
+                signatures: Signatures {
+                    bleu: "nrefs:1|bs:1000|version:2.6.0".into(),
+                    chrf: "c".into(),
+                    ter: "t".into(),
+                },
+                bootstrap_samples: 1000,
+                commands: vec![],
+            },
+            systems: vec![system("a"), system("b")],
+            paired_bootstrap: Some(PairedReport {
+                baseline: "a".into(),
+                samples: 1000,
+                significance_level: SIGNIFICANCE_LEVEL,
+                systems: vec![
+                    PairedEntry {
+                        label: "a".into(),
+                        bleu: Compared::new(base.clone(), &base),
+                        chrf: Compared::new(base.clone(), &base),
+                        ter: Compared::new(base.clone(), &base),
+                    },
+                    PairedEntry {
+                        label: "b".into(),
+                        bleu: Compared::new(paired(0.001, 12.0), &base),
+                        chrf: Compared::new(paired(0.3, 11.0), &base),
+                        ter: Compared::new(paired(0.001, 10.5), &base),
+                    },
+                ],
+            }),
+        }
+    }
+
+    #[test]
+    fn markdown_has_every_table_and_the_signatures() {
+        let md = render_markdown(&report());
+        assert!(md.starts_with("# Evaluation: test\n"), "{md}");
+        assert!(md.contains("| a | 4 | 10.50 ± 1.25 | 30.00 | 90.00 | 1.100 | 1 | 25.0% | 0.0% | 1.5 | 4.0 | 2.0 |"), "{md}");
+        assert!(md.contains("## b: by source length"), "{md}");
+        assert!(md.contains("| 17-32 | 3 | 12.00 ± 1.25 |"), "{md}");
+        assert!(
+            md.contains("| a | 2 | 2 | 20 | 1 | 8.00 ± 1.25 | 11.00 ± 1.25 | -3.00 |"),
+            "{md}"
+        );
+        assert!(md.contains("| a | 10.50 (baseline) |"), "{md}");
+        assert!(
+            md.contains("- BLEU `nrefs:1|bs:1000|version:2.6.0`"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn a_zero_difference_is_never_significant() {
+        let md = render_markdown(&report());
+        // BLEU differs with p = 0.001: significant. TER has p = 0.001 but the same score
+        // (sacrebleu's p for a zero difference): not significant. chrF: p = 0.3.
+        assert!(md.contains("| b | 12.00 (+1.50, p = 0.0010) * | 11.00 (+0.50, p = 0.3000) | 10.50 (+0.00, p = 0.0010) |"), "{md}");
+    }
+
+    #[test]
+    fn json_flattens_counts_and_scores() {
+        let json = serde_json::to_value(report()).unwrap();
+        let overall = &json["systems"][0]["overall"];
+        assert_eq!(overall["sentences"], 4);
+        assert_eq!(overall["bleu"]["score"], 10.5);
+        assert_eq!(overall["length_ratio"], 1.1);
+        assert_eq!(json["systems"][1]["by_source_length"][1]["bucket"], "17-32");
+        assert_eq!(
+            json["paired_bootstrap"]["systems"][1]["ter"]["significant"],
+            false
+        );
+        assert_eq!(
+            json["paired_bootstrap"]["systems"][1]["bleu"]["significant"],
+            true
+        );
+    }
+}

@@ -1,0 +1,623 @@
+//! One evaluation from start to end: read the sets, decode them with every package, write
+//! the hypothesis and reference files, score them all with sacrebleu, write the report.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{ensure, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cli::Args;
+use crate::data::{self, ConcatGroup, Parallel};
+use crate::engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
+use crate::report::{
+    self, BucketRow, Compared, ConcatRow, Decoding, PairedEntry, PairedReport, Report, Row,
+    SacrebleuInfo, SetInfo, SystemReport,
+};
+use crate::sacrebleu::{self, Job, PairedSystem, Signatures};
+use crate::stats::{self, Counts};
+
+/// The set to evaluate.
+struct EvalSet {
+    name: String,
+    source: PathBuf,
+    reference: PathBuf,
+    data: Parallel,
+    concat: Option<ConcatSet>,
+}
+
+/// The long-input set and the verses its groups join.
+struct ConcatSet {
+    path: PathBuf,
+    groups: Vec<ConcatGroup>,
+    verses: Parallel,
+}
+
+fn load_set(args: &Args) -> Result<EvalSet> {
+    let (name, source, reference) = match (&args.source, &args.reference) {
+        (Some(s), Some(r)) => {
+            let stem = s.file_stem().unwrap_or_default().to_string_lossy();
+            (stem.into_owned(), s.clone(), r.clone())
+        }
+        _ => (
+            args.split.clone(),
+            args.corpus.join(format!("{}.en", args.split)),
+            args.corpus.join(format!("{}.es", args.split)),
+        ),
+    };
+    let mut data = data::read_parallel(&source, &reference)?;
+    if let Some(n) = args.limit {
+        data.truncate(n);
+    }
+    ensure!(!data.is_empty(), "--limit 0 leaves nothing to evaluate");
+    let concat = load_concat(args)?;
+    Ok(EvalSet {
+        name,
+        source,
+        reference,
+        data,
+        concat,
+    })
+}
+
+/// `--concat`, or the corpus's when the set is its test split and the file is there.
+fn load_concat(args: &Args) -> Result<Option<ConcatSet>> {
+    let default = args.corpus.join("test-concat.tsv");
+    let path = match &args.concat {
+        _ if args.no_concat => return Ok(None),
+        Some(path) => path.clone(),
+        None if args.source.is_none() && args.split == "test" && default.is_file() => default,
+        None => return Ok(None),
+    };
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut groups = data::parse_concat(&text).with_context(|| path.display().to_string())?;
+    if let Some(n) = args.limit {
+        groups = data::limit_groups(groups, n);
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let verses = data::read_parallel(&dir.join("test.en"), &dir.join("test.es"))?;
+    data::locate_verses(&mut groups, &verses).with_context(|| path.display().to_string())?;
+    Ok(Some(ConcatSet {
+        path,
+        groups,
+        verses,
+    }))
+}
+
+/// Everything decoded with one package.
+struct Decoded {
+    info: PackageInfo,
+    translations: Vec<Translation>,
+    reference_subwords: Vec<usize>,
+    seconds: f64,
+    concat: Vec<DecodedConcat>,
+}
+
+/// One group size of the long-input set, decoded both ways.
+struct DecodedConcat {
+    n_verses: usize,
+    references: Vec<String>,
+    reference_subwords: Vec<usize>,
+    joined: Vec<Translation>,
+    one_by_one: Vec<Translation>,
+}
+
+fn progress_bar(len: usize, label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:>20} [{elapsed_precise}] {wide_bar} {pos}/{len} sentences ({per_sec}, eta {eta})",
+        )
+        .expect("a valid template"),
+    );
+    bar.set_message(label.to_string());
+    bar
+}
+
+fn subwords(engine: &Engine, texts: &[String]) -> Result<Vec<usize>> {
+    texts.iter().map(|t| engine.count_subwords(t)).collect()
+}
+
+fn decode(engine: &mut Engine, set: &EvalSet, args: &Args) -> Result<Decoded> {
+    let concat_len = set
+        .concat
+        .as_ref()
+        .map_or(0, |c| c.groups.len() + verse_count(c));
+    let bar = progress_bar(set.data.len() + concat_len, &engine.info.name);
+    let started = Instant::now();
+    let translations = engine.translate(&set.data.sources, args.batch_size, &bar)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let concat = match &set.concat {
+        Some(c) => decode_concat(engine, c, set, &translations, args.batch_size, &bar)?,
+        None => Vec::new(),
+    };
+    bar.finish_and_clear();
+    Ok(Decoded {
+        info: engine.info.clone(),
+        reference_subwords: subwords(engine, &set.data.references)?,
+        translations,
+        seconds,
+        concat,
+    })
+}
+
+/// Decodes the groups as single inputs, and their verses one by one, reusing the
+/// translations of the main set when it holds the same verse.
+fn decode_concat(
+    engine: &mut Engine,
+    concat: &ConcatSet,
+    set: &EvalSet,
+    main: &[Translation],
+    batch_size: usize,
+    bar: &ProgressBar,
+) -> Result<Vec<DecodedConcat>> {
+    let texts: Vec<String> = concat.groups.iter().map(|g| g.en.clone()).collect();
+    let joined = engine.translate(&texts, batch_size, bar)?;
+    let verses = verse_translations(engine, concat, set, main, batch_size, bar)?;
+    let mut out = Vec::new();
+    for n in data::group_sizes(&concat.groups) {
+        let rows: Vec<usize> = (0..concat.groups.len())
+            .filter(|&i| concat.groups[i].n_verses == n)
+            .collect();
+        let references: Vec<String> = rows.iter().map(|&i| concat.groups[i].es.clone()).collect();
+        out.push(DecodedConcat {
+            n_verses: n,
+            reference_subwords: subwords(engine, &references)?,
+            references,
+            joined: rows.iter().map(|&i| joined[i].clone()).collect(),
+            one_by_one: rows
+                .iter()
+                .map(|&i| join_verses(&concat.groups[i].verses, &verses))
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
+fn verse_count(concat: &ConcatSet) -> usize {
+    let mut used: Vec<usize> = concat
+        .groups
+        .iter()
+        .flat_map(|g| g.verses.clone())
+        .collect();
+    used.sort_unstable();
+    used.dedup();
+    used.len()
+}
+
+/// The translation of every verse some group uses (others stay `None`).
+fn verse_translations(
+    engine: &mut Engine,
+    concat: &ConcatSet,
+    set: &EvalSet,
+    main: &[Translation],
+    batch_size: usize,
+    bar: &ProgressBar,
+) -> Result<Vec<Option<Translation>>> {
+    let known: HashMap<&str, &Translation> = set
+        .data
+        .sources
+        .iter()
+        .map(String::as_str)
+        .zip(main)
+        .collect();
+    let mut verses: Vec<Option<Translation>> = vec![None; concat.verses.len()];
+    let mut missing = Vec::new();
+    for g in &concat.groups {
+        for &v in &g.verses {
+            if verses[v].is_none() {
+                match known.get(concat.verses.sources[v].as_str()) {
+                    Some(t) => verses[v] = Some((*t).clone()),
+                    None if !missing.contains(&v) => missing.push(v),
+                    None => {}
+                }
+            }
+        }
+    }
+    bar.inc((verse_count(concat) - missing.len()) as u64);
+    let texts: Vec<String> = missing
+        .iter()
+        .map(|&v| concat.verses.sources[v].clone())
+        .collect();
+    for (v, t) in missing
+        .into_iter()
+        .zip(engine.translate(&texts, batch_size, bar)?)
+    {
+        verses[v] = Some(t);
+    }
+    Ok(verses)
+}
+
+/// A group's verse translations as one: texts joined with a space, lengths summed; refused
+/// or stopped at the budget when one of its verses was.
+fn join_verses(indices: &[usize], verses: &[Option<Translation>]) -> Translation {
+    let parts: Vec<&Translation> = indices
+        .iter()
+        .map(|&v| verses[v].as_ref().expect("every used verse is translated"))
+        .collect();
+    let has = |o: Outcome| parts.iter().any(|t| t.outcome == o);
+    Translation {
+        text: parts
+            .iter()
+            .map(|t| t.text.as_str())
+            .filter(|t| !t.is_empty())
+            .collect::<Vec<_>>()
+            .join(" "),
+        source_tokens: parts.iter().map(|t| t.source_tokens).sum(),
+        output_tokens: parts.iter().map(|t| t.output_tokens).sum(),
+        outcome: if has(Outcome::Refused) {
+            Outcome::Refused
+        } else if has(Outcome::Budget) {
+            Outcome::Budget
+        } else {
+            Outcome::Eos
+        },
+    }
+}
+
+/// Files of one scored subset and what the tool counted in it.
+struct Pending {
+    hypotheses: PathBuf,
+    references: PathBuf,
+    counts: Counts,
+}
+
+fn write_lines<'a>(path: &Path, lines: impl Iterator<Item = &'a str>) -> Result<()> {
+    let mut text = String::new();
+    for line in lines {
+        text.push_str(line);
+        text.push('\n');
+    }
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes the subset `rows` of `translations` and `references` as `<stem>.hyp`/`<stem>.ref`.
+fn write_subset(
+    dir: &Path,
+    stem: &str,
+    rows: &[usize],
+    translations: &[Translation],
+    references: &[String],
+    reference_subwords: &[usize],
+) -> Result<Pending> {
+    let hypotheses = dir.join(format!("{stem}.hyp"));
+    let reference_file = dir.join(format!("{stem}.ref"));
+    write_lines(
+        &hypotheses,
+        rows.iter().map(|&i| translations[i].text.as_str()),
+    )?;
+    write_lines(
+        &reference_file,
+        rows.iter().map(|&i| references[i].as_str()),
+    )?;
+    let picked: Vec<&Translation> = rows.iter().map(|&i| &translations[i]).collect();
+    let ref_lengths: Vec<usize> = rows.iter().map(|&i| reference_subwords[i]).collect();
+    Ok(Pending {
+        hypotheses,
+        references: reference_file,
+        counts: stats::counts(&picked, &ref_lengths),
+    })
+}
+
+/// What is scored for one package.
+struct Plan {
+    overall: Pending,
+    buckets: Vec<(String, Pending)>,
+    concat: Vec<(usize, Pending, Pending)>,
+}
+
+fn plan(dir: &Path, set: &EvalSet, decoded: &Decoded, reference_file: &Path) -> Result<Plan> {
+    fs::create_dir_all(dir.join("by-length"))?;
+    let all: Vec<usize> = (0..set.data.len()).collect();
+    let (t, refs, lens) = (
+        &decoded.translations,
+        &set.data.references,
+        &decoded.reference_subwords,
+    );
+    let mut overall = write_subset(dir, &set.name, &all, t, refs, lens)?;
+    // One reference file for every package, so the paired bootstrap reads the same one.
+    fs::remove_file(&overall.references)?;
+    overall.references = reference_file.to_path_buf();
+    let mut buckets = Vec::new();
+    for (label, rows) in stats::by_bucket(t) {
+        let stem = format!("by-length/{}.{label}", set.name);
+        buckets.push((
+            label.to_string(),
+            write_subset(dir, &stem, &rows, t, refs, lens)?,
+        ));
+    }
+    let mut concat = Vec::new();
+    for c in &decoded.concat {
+        let rows: Vec<usize> = (0..c.references.len()).collect();
+        let stem = format!("concat-{}", c.n_verses);
+        let (r, l) = (&c.references, &c.reference_subwords);
+        let joined = write_subset(dir, &stem, &rows, &c.joined, r, l)?;
+        let one = write_subset(
+            dir,
+            &format!("{stem}.one-by-one"),
+            &rows,
+            &c.one_by_one,
+            r,
+            l,
+        )?;
+        concat.push((c.n_verses, joined, one));
+    }
+    Ok(Plan {
+        overall,
+        buckets,
+        concat,
+    })
+}
+
+impl Plan {
+    /// Every subset in a fixed order, the order of the jobs and of their results, and
+    /// whether it gets TER (not the long-input set: see [`Job::single`]).
+    fn subsets(&self) -> Vec<(&Pending, bool)> {
+        let mut all = vec![(&self.overall, true)];
+        all.extend(self.buckets.iter().map(|(_, p)| (p, true)));
+        all.extend(
+            self.concat
+                .iter()
+                .flat_map(|(_, a, b)| [(a, false), (b, false)]),
+        );
+        all
+    }
+}
+
+fn row(pending: &Pending, scores: &mut impl Iterator<Item = sacrebleu::Scores>) -> Row {
+    Row {
+        counts: pending.counts.clone(),
+        scores: scores.next().expect("one result per job"),
+    }
+}
+
+fn system_report(
+    label: &str,
+    decoded: Decoded,
+    plan: &Plan,
+    scores: Vec<sacrebleu::Scores>,
+) -> SystemReport {
+    let mut scores = scores.into_iter();
+    let overall = row(&plan.overall, &mut scores);
+    let by_source_length = plan
+        .buckets
+        .iter()
+        .map(|(bucket, p)| BucketRow {
+            bucket: bucket.clone(),
+            row: row(p, &mut scores),
+        })
+        .collect();
+    let concat = plan
+        .concat
+        .iter()
+        .map(|(n, joined, one)| {
+            let (concat, one_by_one) = (row(joined, &mut scores), row(one, &mut scores));
+            let bleu_delta = concat.scores.bleu.score - one_by_one.scores.bleu.score;
+            ConcatRow {
+                n_verses: *n,
+                concat,
+                one_by_one,
+                bleu_delta,
+            }
+        })
+        .collect();
+    let seconds = decoded.seconds.max(1e-9);
+    let output_tokens: usize = decoded.translations.iter().map(|t| t.output_tokens).sum();
+    SystemReport {
+        label: label.to_string(),
+        hypotheses: plan.overall.hypotheses.clone(),
+        package: decoded.info,
+        seconds: decoded.seconds,
+        sentences_per_second: decoded.translations.len() as f64 / seconds,
+        output_tokens_per_second: output_tokens as f64 / seconds,
+        overall,
+        by_source_length,
+        concat,
+    }
+}
+
+/// Labels are manifest names, made unique with `-2`, `-3`, ...
+fn unique_label(name: &str, taken: &[String]) -> String {
+    let mut label = name.to_string();
+    let mut k = 1;
+    while taken.contains(&label) {
+        k += 1;
+        label = format!("{name}-{k}");
+    }
+    label
+}
+
+/// The packages to decode, in report order, and which one is the baseline.
+fn packages(args: &Args) -> (Vec<PathBuf>, Option<usize>) {
+    let mut dirs = args.packages.clone();
+    match &args.baseline {
+        Some(b) => {
+            dirs.push(b.clone());
+            let last = dirs.len() - 1;
+            (dirs, Some(last))
+        }
+        None if dirs.len() > 1 => (dirs, Some(0)),
+        None => (dirs, None),
+    }
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let set = load_set(args)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("runs/eval-{}", set.name)));
+    fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let reference_file = out.join(format!("{}.ref", set.name));
+    write_lines(
+        &reference_file,
+        set.data.references.iter().map(String::as_str),
+    )?;
+    let (dirs, baseline) = packages(args);
+    let options = EngineOptions {
+        device: args.device,
+        intra_op_threads: args.intra_op_threads,
+        ort_dylib_path: args.ort_dylib_path.clone(),
+        beyond_input_limit: args.beyond_input_limit,
+    };
+    let mut labels: Vec<String> = Vec::new();
+    let mut decoded = Vec::new();
+    let mut plans = Vec::new();
+    for dir in &dirs {
+        let mut engine = Engine::load(dir, &options)?;
+        let label = unique_label(&engine.info.name, &labels);
+        let d = decode(&mut engine, &set, args)?;
+        plans.push(plan(&out.join(&label), &set, &d, &reference_file)?);
+        labels.push(label);
+        decoded.push(d);
+    }
+    let report = score(args, &set, &out, labels, decoded, &plans, baseline)?;
+    write_report(args, &report, &out)
+}
+
+fn score(
+    args: &Args,
+    set: &EvalSet,
+    out: &Path,
+    labels: Vec<String>,
+    decoded: Vec<Decoded>,
+    plans: &[Plan],
+    baseline: Option<usize>,
+) -> Result<Report> {
+    let samples = args.bootstrap_samples;
+    let mut jobs: Vec<Job> = plans
+        .iter()
+        .flat_map(Plan::subsets)
+        .map(|(p, ter)| Job::single(&p.references, &p.hypotheses, samples, ter))
+        .collect();
+    let singles = jobs.len();
+    if let Some(b) = baseline {
+        let others: Vec<PathBuf> = (0..plans.len())
+            .filter(|&i| i != b)
+            .map(|i| plans[i].overall.hypotheses.clone())
+            .collect();
+        let reference = &plans[b].overall.references;
+        jobs.push(Job::paired(
+            reference,
+            &plans[b].overall.hypotheses,
+            &others,
+            samples,
+        ));
+    }
+    eprintln!("nmt-eval: scoring {} subsets with sacrebleu", jobs.len());
+    let outputs = sacrebleu::run(&args.python, &jobs)?;
+    let parsed = outputs[..singles]
+        .iter()
+        .map(|o| sacrebleu::parse_single(o))
+        .collect::<Result<Vec<_>>>()?;
+    let signatures = parsed[0].signatures.clone();
+    let mut parsed = parsed.into_iter();
+    let mut systems = Vec::new();
+    for ((label, d), plan) in labels.iter().zip(decoded).zip(plans) {
+        let n = plan.subsets().len();
+        systems.push(system_report(
+            label,
+            d,
+            plan,
+            parsed.by_ref().take(n).collect(),
+        ));
+    }
+    let paired = match baseline {
+        Some(b) => Some(paired_report(&labels, b, &outputs[singles], samples)?),
+        None => None,
+    };
+    check_version(&signatures);
+    Ok(Report {
+        tool: format!("nmt-eval {}", env!("CARGO_PKG_VERSION")),
+        set: SetInfo {
+            name: set.name.clone(),
+            source: set.source.clone(),
+            reference: set.reference.clone(),
+            reference_file: out.join(format!("{}.ref", set.name)),
+            sentences: set.data.len(),
+            concat: set.concat.as_ref().map(|c| c.path.clone()),
+        },
+        decoding: decoding(args)?,
+        sacrebleu: SacrebleuInfo {
+            signatures,
+            bootstrap_samples: samples,
+            commands: jobs.iter().map(Job::command_line).collect(),
+        },
+        systems,
+        paired_bootstrap: paired,
+    })
+}
+
+fn decoding(args: &Args) -> Result<Decoding> {
+    let limits = crate::engine::server_limits()?;
+    Ok(Decoding {
+        batch_size: args.batch_size,
+        max_length_ratio: limits.max_length_ratio,
+        max_length_offset: limits.max_length_offset,
+        beyond_input_limit: args.beyond_input_limit,
+    })
+}
+
+fn check_version(signatures: &Signatures) {
+    let expected = format!("version:{}", sacrebleu::EXPECTED_VERSION);
+    if !signatures.bleu.ends_with(&expected) {
+        eprintln!(
+            "nmt-eval: warning: sacrebleu's signature is {:?}, not {}; scores may not compare",
+            signatures.bleu, expected
+        );
+    }
+}
+
+fn paired_report(
+    labels: &[String],
+    baseline: usize,
+    output: &str,
+    samples: usize,
+) -> Result<PairedReport> {
+    let results: Vec<PairedSystem> = sacrebleu::parse_paired(output)?;
+    let order: Vec<usize> = std::iter::once(baseline)
+        .chain((0..labels.len()).filter(|&i| i != baseline))
+        .collect();
+    ensure!(
+        results.len() == order.len(),
+        "sacrebleu's paired bootstrap gave {} systems for {}",
+        results.len(),
+        order.len()
+    );
+    let base = results[0].clone();
+    let systems = order
+        .iter()
+        .zip(results)
+        .map(|(&i, r)| PairedEntry {
+            label: labels[i].clone(),
+            bleu: Compared::new(r.bleu, &base.bleu),
+            chrf: Compared::new(r.chrf, &base.chrf),
+            ter: Compared::new(r.ter, &base.ter),
+        })
+        .collect();
+    Ok(PairedReport {
+        baseline: labels[baseline].clone(),
+        samples,
+        significance_level: report::SIGNIFICANCE_LEVEL,
+        systems,
+    })
+}
+
+fn write_report(args: &Args, report: &Report, out: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(report)?;
+    fs::write(out.join("report.json"), json + "\n")?;
+    let markdown = report::render_markdown(report);
+    fs::write(out.join("report.md"), &markdown)?;
+    println!("{markdown}");
+    match crate::plot::write_plots(report, out, &args.font) {
+        Ok(files) => eprintln!(
+            "nmt-eval: wrote {} plots and the report to {}",
+            files,
+            out.display()
+        ),
+        Err(e) => eprintln!("nmt-eval: warning: no plots: {e:#}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! What the tool counts itself (sacrebleu does the scoring): looping outputs, outputs that hit
+//! the length budget, refusals, the spread of output minus reference length, and the
+//! source-length buckets.
+
+use std::collections::HashMap;
+
+use nmt_server::metrics::{input_length_bucket, INPUT_LENGTH_BUCKETS};
+use serde::Serialize;
+
+use crate::engine::{Outcome, Translation};
+
+/// A word 3-gram seen this many times makes an output "looping": greedy decoding that
+/// repeats itself, the failure that long inputs and missing EOS produce.
+pub const LOOP_REPEATS: usize = 3;
+const LOOP_NGRAM: usize = 3;
+
+/// Whether some 3-gram of whitespace-separated words occurs at least [`LOOP_REPEATS`] times.
+pub fn is_looping(text: &str) -> bool {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut counts: HashMap<&[&str], usize> = HashMap::new();
+    words.windows(LOOP_NGRAM).any(|gram| {
+        let count = counts.entry(gram).or_default();
+        *count += 1;
+        *count >= LOOP_REPEATS
+    })
+}
+
+/// The server's `input_length` buckets (labels in order), so that a score by length lines up
+/// with the latency dashboards.
+pub fn bucket_labels() -> Vec<&'static str> {
+    INPUT_LENGTH_BUCKETS
+        .iter()
+        .map(|(_, label)| *label)
+        .collect()
+}
+
+/// Indices of the sentences in each bucket, in bucket order; empty buckets are left out.
+pub fn by_bucket(translations: &[Translation]) -> Vec<(&'static str, Vec<usize>)> {
+    bucket_labels()
+        .into_iter()
+        .map(|label| {
+            let rows: Vec<usize> = (0..translations.len())
+                .filter(|&i| input_length_bucket(translations[i].source_tokens) == label)
+                .collect();
+            (label, rows)
+        })
+        .filter(|(_, rows)| !rows.is_empty())
+        .collect()
+}
+
+/// Counts over a set of sentences. Shares and length statistics are over the sentences that
+/// were decoded (not refused).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Counts {
+    pub sentences: usize,
+    pub refused: usize,
+    pub looping: usize,
+    pub looping_share: f64,
+    pub hit_budget: usize,
+    pub hit_budget_share: f64,
+    pub mean_source_subwords: f64,
+    /// Mean of output subwords minus reference subwords (the package's tokenizer).
+    pub subword_diff_mean: f64,
+    /// Population variance of the same differences.
+    pub subword_diff_variance: f64,
+}
+
+/// [`Counts`] of `translations`, given each one's reference length in subwords.
+pub fn counts(translations: &[&Translation], reference_subwords: &[usize]) -> Counts {
+    assert_eq!(translations.len(), reference_subwords.len());
+    let decoded: Vec<(&Translation, usize)> = translations
+        .iter()
+        .zip(reference_subwords)
+        .filter(|(t, _)| t.outcome != Outcome::Refused)
+        .map(|(t, &r)| (*t, r))
+        .collect();
+    let share = |n: usize| ratio(n as f64, decoded.len() as f64);
+    let looping = decoded.iter().filter(|(t, _)| is_looping(&t.text)).count();
+    let hit_budget = decoded
+        .iter()
+        .filter(|(t, _)| t.outcome == Outcome::Budget)
+        .count();
+    let diffs: Vec<f64> = decoded
+        .iter()
+        .map(|(t, r)| t.output_tokens as f64 - *r as f64)
+        .collect();
+    let (mean, variance) = mean_variance(&diffs);
+    let sources: Vec<f64> = translations
+        .iter()
+        .map(|t| t.source_tokens as f64)
+        .collect();
+    Counts {
+        sentences: translations.len(),
+        refused: translations.len() - decoded.len(),
+        looping,
+        looping_share: share(looping),
+        hit_budget,
+        hit_budget_share: share(hit_budget),
+        mean_source_subwords: mean_variance(&sources).0,
+        subword_diff_mean: mean,
+        subword_diff_variance: variance,
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        0.0
+    } else {
+        a / b
+    }
+}
+
+/// Mean and population variance; (0, 0) for no values.
+pub fn mean_variance(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = ratio(values.iter().sum(), n);
+    let variance = ratio(values.iter().map(|v| (v - mean).powi(2)).sum(), n);
+    (mean, variance)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn translation(text: &str, source_tokens: usize, outcome: Outcome) -> Translation {
+        Translation {
+            text: text.into(),
+            source_tokens,
+            output_tokens: text.split_whitespace().count(),
+            outcome,
+        }
+    }
+
+    #[test]
+    fn a_loop_is_a_word_trigram_three_times() {
+        assert!(is_looping("y dijo y dijo a y dijo a y dijo a"));
+        assert!(is_looping("a b c x a b c y a b c"));
+        // Twice is not a loop, nor are three repeats of a bigram.
+        assert!(!is_looping("a b c x a b c"));
+        assert!(!is_looping("a b x a b y a b"));
+        assert!(!is_looping(""));
+        // Words, not characters: the same 3-gram with other spacing still counts.
+        assert!(is_looping("la la la  la\tla"));
+    }
+
+    #[test]
+    fn buckets_are_the_servers_and_cover_every_sentence_once() {
+        assert_eq!(
+            bucket_labels(),
+            ["1-16", "17-32", "33-64", "65-128", "129+"]
+        );
+        let t: Vec<Translation> = [3, 16, 17, 200, 40, 0]
+            .iter()
+            .map(|&n| translation("x", n, Outcome::Eos))
+            .collect();
+        let buckets = by_bucket(&t);
+        let labels: Vec<&str> = buckets.iter().map(|(l, _)| *l).collect();
+        assert_eq!(labels, ["1-16", "17-32", "33-64", "129+"]);
+        assert_eq!(buckets[0].1, vec![0, 1, 5]);
+        let total: usize = buckets.iter().map(|(_, rows)| rows.len()).sum();
+        assert_eq!(total, t.len());
+    }
+
+    #[test]
+    fn counts_leave_refused_sentences_out_of_shares_and_lengths() {
+        let t = [
+            translation("a b c d", 5, Outcome::Eos),
+            translation("a b c a b c a b c", 5, Outcome::Budget),
+            translation("", 300, Outcome::Refused),
+        ];
+        let refs: Vec<&Translation> = t.iter().collect();
+        let c = counts(&refs, &[2, 9, 50]);
+        assert_eq!(c.sentences, 3);
+        assert_eq!(c.refused, 1);
+        assert_eq!((c.looping, c.looping_share), (1, 0.5));
+        assert_eq!((c.hit_budget, c.hit_budget_share), (1, 0.5));
+        // Differences 4 - 2 = 2 and 9 - 9 = 0: mean 1, variance 1.
+        assert_eq!((c.subword_diff_mean, c.subword_diff_variance), (1.0, 1.0));
+        assert!((c.mean_source_subwords - 310.0 / 3.0).abs() < 1e-9);
+        assert_eq!(counts(&[], &[]).looping_share, 0.0);
+    }
+}
