@@ -74,12 +74,19 @@ fn forward_chunk(mask: Mask, relu: bool, x: &[f32], start: usize, out: &mut [f32
 /// `out = mask * g` (where `x > 0` if `relu`) for the chunk of elements from `start`.
 #[multiversion(targets("x86_64+avx2+fma"))]
 fn backward_chunk(mask: Mask, relu: bool, x: &[f32], g: &[f32], start: usize, out: &mut [f32]) {
-    for (j, o) in out.iter_mut().enumerate() {
-        let i = start + j;
-        *o = if relu && x[i] <= 0.0 {
+    // Chunk-local slices, zipped: indexing the whole buffers kept bounds checks in the loop
+    // and stopped it from vectorising (measured: 6% of a training step).
+    let end = start + out.len();
+    for (j, ((o, &x), &g)) in out
+        .iter_mut()
+        .zip(&x[start..end])
+        .zip(&g[start..end])
+        .enumerate()
+    {
+        *o = if relu && x <= 0.0 {
             0.0
         } else {
-            g[i] * mask.factor(i)
+            g * mask.factor(start + j)
         };
     }
 }
@@ -87,9 +94,14 @@ fn backward_chunk(mask: Mask, relu: bool, x: &[f32], g: &[f32], start: usize, ou
 /// `out = x + mask * y` for the chunk of elements from `start`.
 #[multiversion(targets("x86_64+avx2+fma"))]
 fn residual_chunk(mask: Mask, x: &[f32], y: &[f32], start: usize, out: &mut [f32]) {
-    for (j, o) in out.iter_mut().enumerate() {
-        let i = start + j;
-        *o = x[i] + y[i] * mask.factor(i);
+    let end = start + out.len();
+    for (j, ((o, &x), &y)) in out
+        .iter_mut()
+        .zip(&x[start..end])
+        .zip(&y[start..end])
+        .enumerate()
+    {
+        *o = x + y * mask.factor(start + j);
     }
 }
 
