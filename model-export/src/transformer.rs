@@ -344,8 +344,8 @@ impl Exporter<'_> {
         embed(g, table, ids, self.config.d_model)
     }
 
-    /// `[batch, len]` 1/0 mask -> `[batch, 1, 1, len]` additive bias, as
-    /// `nmt_train::model::padding_bias`.
+    /// `[batch, len]` 1/0 mask -> `[batch, 1, 1, len]` additive bias: masked keys get
+    /// probability 0, as `nmt_train::ops::attention` never reads them.
     fn padding_bias(&self, g: &mut Graph, mask: &str) -> String {
         let bias = padding_bias(g, mask);
         g.unsqueeze(&bias, &[1, 2])

@@ -2,7 +2,7 @@
 //! output projection), sinusoidal positions, layer normalisation, the feed-forward block,
 //! residual connections and attention masks.
 
-use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
 use model_package::{ModelConfig, NormPlacement};
 
@@ -129,28 +129,15 @@ pub fn residual(
     }
 }
 
-/// `[batch, len]` mask of 1/0 -> additive `[batch, 1, 1, len]` bias.
-pub fn padding_bias(mask: &Tensor) -> Result<Tensor> {
-    let (b, t) = mask.dims2()?;
-    additive_mask(mask)?.reshape((b, 1, 1, t))
-}
-
 /// A 1/0 mask -> an additive bias of the same shape: 0, or [`MASKED_SCORE`] where 0.
 pub fn additive_mask(mask: &Tensor) -> Result<Tensor> {
     (mask - 1.0)? * -MASKED_SCORE
 }
 
-/// `[len, len]` bias that hides future positions.
-pub fn causal_bias(len: usize, device: &Device) -> Result<Tensor> {
-    let values: Vec<f32> = (0..len)
-        .flat_map(|q| (0..len).map(move |k| if k > q { MASKED_SCORE as f32 } else { 0.0 }))
-        .collect();
-    Tensor::from_vec(values, (len, len), device)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     #[test]
     fn sinusoid_interleaves_sin_and_cos() {

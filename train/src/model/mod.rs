@@ -17,8 +17,8 @@ use model_package::{Architecture, ModelConfig};
 pub use attention::{relative_indices, step_key_positions, Attention, RelativeTables};
 pub use dropout::Dropout;
 pub use layers::{
-    additive_mask, causal_bias, padding_bias, residual, sinusoid, sinusoid_inverse_frequencies,
-    FeedForward, LayerNorm, MASKED_SCORE,
+    additive_mask, residual, sinusoid, sinusoid_inverse_frequencies, FeedForward, LayerNorm,
+    MASKED_SCORE,
 };
 pub use rnn_nmt::RnnNmt;
 pub use seq2seq::Seq2Seq;
