@@ -490,7 +490,7 @@ impl CustomOp2 for Core {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::max_abs_diff;
+    use crate::ops::testing::assert_same;
     use candle_core::{DType, Device, Var, D};
 
     const MASKED: f64 = -1e9;
@@ -546,22 +546,6 @@ mod tests {
 
     fn var(shape: (usize, usize, usize), dev: &Device) -> Var {
         Var::from_tensor(&Tensor::randn(0f32, 1.0, shape, dev).unwrap()).unwrap()
-    }
-
-    /// Value and every gradient of `fused` against `reference` under a random upstream
-    /// gradient.
-    fn assert_same(fused: &Tensor, reference: &Tensor, vars: &[&Var]) {
-        assert!(max_abs_diff(fused, reference) < 1e-5, "values differ");
-        let probe = Tensor::randn(0f32, 1.0, fused.shape(), fused.device()).unwrap();
-        let grads = |y: &Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
-        let (a, b) = (grads(fused), grads(reference));
-        for (n, var) in vars.iter().enumerate() {
-            let diff = max_abs_diff(
-                a.get(var.as_tensor()).unwrap(),
-                b.get(var.as_tensor()).unwrap(),
-            );
-            assert!(diff < 1e-4, "gradient of input {n} differs by {diff}");
-        }
     }
 
     #[test]

@@ -198,7 +198,7 @@ fn grad_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::max_abs_diff;
+    use crate::ops::testing::assert_same;
     use candle_core::{Device, Var, D};
 
     /// Layer normalisation from candle's differentiable ops.
@@ -218,20 +218,8 @@ mod tests {
         let x = Var::from_tensor(&Tensor::randn(0.5f32, 2.0, (3, 37, 24), &dev).unwrap()).unwrap();
         let w = Var::from_tensor(&Tensor::randn(1f32, 0.3, 24, &dev).unwrap()).unwrap();
         let b = Var::from_tensor(&Tensor::randn(0f32, 0.3, 24, &dev).unwrap()).unwrap();
-        // A non-uniform upstream gradient, so that every term of the backward pass counts.
-        let probe = Tensor::randn(0f32, 1.0, (3, 37, 24), &dev).unwrap();
         let fused = layer_norm(&x, &w, &b, 1e-5).unwrap();
         let reference = composed(&x, &w, &b, 1e-5).unwrap();
-        assert!(max_abs_diff(&fused, &reference) < 1e-5);
-
-        let grads = |y: &Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
-        let (g_fused, g_ref) = (grads(&fused), grads(&reference));
-        for var in [&x, &w, &b] {
-            let diff = max_abs_diff(
-                g_fused.get(var.as_tensor()).unwrap(),
-                g_ref.get(var.as_tensor()).unwrap(),
-            );
-            assert!(diff < 1e-4, "gradient differs by {diff}");
-        }
+        assert_same(&fused, &reference, &[&x, &w, &b]);
     }
 }

@@ -73,3 +73,27 @@ pub(crate) fn sum(a: &[f32]) -> f32 {
     }
     acc.iter().sum::<f32>() + tail
 }
+
+/// The check every kernel's test makes against the candle ops it replaces.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::max_abs_diff;
+    use candle_core::{Tensor, Var};
+
+    /// `fused` equals `reference` within 1e-5, and so does the gradient of every one of
+    /// `vars` within 1e-4, under a random (non-uniform) upstream gradient so that every term
+    /// of the backward pass counts.
+    pub fn assert_same(fused: &Tensor, reference: &Tensor, vars: &[&Var]) {
+        assert!(max_abs_diff(fused, reference) < 1e-5, "values differ");
+        let probe = Tensor::randn(0f32, 1.0, fused.shape(), fused.device()).unwrap();
+        let grads = |y: &Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let (a, b) = (grads(fused), grads(reference));
+        for (n, var) in vars.iter().enumerate() {
+            let diff = max_abs_diff(
+                a.get(var.as_tensor()).unwrap(),
+                b.get(var.as_tensor()).unwrap(),
+            );
+            assert!(diff < 1e-4, "gradient of input {n} differs by {diff}");
+        }
+    }
+}
