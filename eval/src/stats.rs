@@ -147,7 +147,7 @@ mod tests {
     fn buckets_are_the_servers_and_cover_every_sentence_once() {
         assert_eq!(
             bucket_labels(),
-            ["1-16", "17-32", "33-64", "65-128", "129+"]
+            ["1-16", "17-32", "33-64", "65-128", "129-256", "257-512", "513+"]
         );
         let t: Vec<Translation> = [3, 16, 17, 200, 40, 0]
             .iter()
@@ -155,7 +155,7 @@ mod tests {
             .collect();
         let buckets = by_bucket(&t);
         let labels: Vec<&str> = buckets.iter().map(|(l, _)| *l).collect();
-        assert_eq!(labels, ["1-16", "17-32", "33-64", "129+"]);
+        assert_eq!(labels, ["1-16", "17-32", "33-64", "129-256"]);
         assert_eq!(buckets[0].1, vec![0, 1, 5]);
         let total: usize = buckets.iter().map(|(_, rows)| rows.len()).sum();
         assert_eq!(total, t.len());

@@ -26,9 +26,10 @@ pub struct ExportArgs {
     /// Output directory of the model package (created or overwritten).
     #[arg(long)]
     pub out: PathBuf,
-    /// Model name clients use to pick this package.
-    #[arg(long, default_value = "en-es-transformer")]
-    pub name: String,
+    /// Model name clients use to pick this package (`"model"` in a request). Default:
+    /// `<source>-<target>-<preset>`, e.g. `en-es-rel-transformer`.
+    #[arg(long)]
+    pub name: Option<String>,
     /// Source language code.
     #[arg(long, default_value = "en")]
     pub source_language: String,
@@ -40,8 +41,10 @@ pub struct ExportArgs {
     /// past it were never seen in training.
     #[arg(long)]
     pub max_source_tokens: Option<usize>,
-    /// Decoding stops after this many target subwords.
-    #[arg(long, default_value_t = 256)]
+    /// Decoding stops after this many target subwords. A model without absolute positions
+    /// can go past its training lengths, so the default leaves room for long inputs (the
+    /// server's `--max-output-tokens` still applies).
+    #[arg(long, default_value_t = 1024)]
     pub max_target_tokens: usize,
     /// JSON file with evaluation results to record in the manifest.
     #[arg(long)]
@@ -95,7 +98,12 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
     };
     let mut manifest = Manifest {
         format_version: model_package::manifest::FORMAT_VERSION,
-        name: args.name.clone(),
+        name: args.name.clone().unwrap_or_else(|| {
+            format!(
+                "{}-{}-{}",
+                args.source_language, args.target_language, config.preset
+            )
+        }),
         source_language: args.source_language.clone(),
         target_language: args.target_language.clone(),
         config: config.clone(),

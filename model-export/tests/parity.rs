@@ -181,7 +181,7 @@ fn check_parity_after(preset: &str, steps: usize) {
         checkpoint: run.checkpoint.clone(),
         tokenizer: None,
         out: package.clone(),
-        name: "tiny".into(),
+        name: Some("tiny".into()),
         source_language: "en".into(),
         target_language: "es".into(),
         max_source_tokens: None,

@@ -9,12 +9,14 @@ use prometheus::{
 
 /// Upper bounds (subword tokens, inclusive) and label values of the input-length buckets.
 /// The last bucket is open.
-pub const INPUT_LENGTH_BUCKETS: [(usize, &str); 5] = [
+pub const INPUT_LENGTH_BUCKETS: [(usize, &str); 7] = [
     (16, "1-16"),
     (32, "17-32"),
     (64, "33-64"),
     (128, "65-128"),
-    (usize::MAX, "129+"),
+    (256, "129-256"),
+    (512, "257-512"),
+    (usize::MAX, "513+"),
 ];
 
 /// The `input_length` label of a text of `tokens` subwords.
@@ -32,7 +34,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 const TOKEN_LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
-const LENGTH_BUCKETS: &[f64] = &[1.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+const LENGTH_BUCKETS: &[f64] = &[1.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 const DEVIATION_BUCKETS: &[f64] = &[
     -32.0, -16.0, -8.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0,
@@ -208,8 +210,10 @@ mod tests {
         assert_eq!(input_length_bucket(16), "1-16");
         assert_eq!(input_length_bucket(17), "17-32");
         assert_eq!(input_length_bucket(128), "65-128");
-        assert_eq!(input_length_bucket(129), "129+");
-        assert_eq!(input_length_bucket(usize::MAX), "129+");
+        assert_eq!(input_length_bucket(129), "129-256");
+        assert_eq!(input_length_bucket(257), "257-512");
+        assert_eq!(input_length_bucket(513), "513+");
+        assert_eq!(input_length_bucket(usize::MAX), "513+");
     }
 
     #[test]

@@ -103,14 +103,15 @@ pub struct Args {
     #[arg(long, env = "NMT_MAX_TEXTS_PER_REQUEST", default_value_t = 64)]
     pub max_texts_per_request: usize,
 
-    /// Most subword tokens in one text (413 above). A model with absolute positions may
-    /// declare a lower limit of its own, which wins.
-    #[arg(long, env = "NMT_MAX_INPUT_TOKENS", default_value_t = 256)]
+    /// Most subword tokens in one text (413 above): room for a page of text (8 verses of
+    /// the test books reach ~500). A model with absolute positions may declare a lower limit
+    /// of its own, which wins.
+    #[arg(long, env = "NMT_MAX_INPUT_TOKENS", default_value_t = 1024)]
     pub max_input_tokens: usize,
 
     /// Most subword tokens generated for one text (also caps `target_length`); the model's
     /// own `max_target_tokens` wins when lower.
-    #[arg(long, env = "NMT_MAX_OUTPUT_TOKENS", default_value_t = 256)]
+    #[arg(long, env = "NMT_MAX_OUTPUT_TOKENS", default_value_t = 1024)]
     pub max_output_tokens: usize,
 
     /// Largest request body in bytes (413 above).

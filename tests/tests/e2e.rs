@@ -412,7 +412,9 @@ async fn prometheus_scrapes_latency_by_input_length() {
             17..=32 => "17-32",
             33..=64 => "33-64",
             65..=128 => "65-128",
-            _ => "129+",
+            129..=256 => "129-256",
+            257..=512 => "257-512",
+            _ => "513+",
         };
         *expected.entry(bucket.to_string()).or_default() += 1.0;
     }

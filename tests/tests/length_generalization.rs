@@ -239,7 +239,7 @@ fn train_and_export(work: &Path, preset: &'static str) -> Trained {
         checkpoint: dir.join("run").join("best"),
         tokenizer: None,
         out: package.clone(),
-        name: preset.to_string(),
+        name: Some(preset.to_string()),
         source_language: "sym".into(),
         target_language: "sym".into(),
         max_source_tokens: None,
