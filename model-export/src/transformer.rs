@@ -7,11 +7,13 @@
 
 use candle_core::Tensor;
 use candle_nn::Linear;
-use model_package::{names, AbsolutePosition, Dim, ModelConfig, NormPlacement, StateSpec};
+use model_package::{
+    names, AbsolutePosition, Dim, LengthEncoding, ModelConfig, NormPlacement, StateSpec,
+};
 use nmt_train::model::recurrent::{Cell, Rnn};
 use nmt_train::model::{
-    sinusoid_inverse_frequencies, Attention, FeedForward, LayerNorm, PositionEncoder,
-    RelativeTables, Transformer, MASKED_SCORE,
+    length_ratio_exponents, sinusoid_inverse_frequencies, Attention, FeedForward, LayerNorm,
+    PositionEncoder, RelativeTables, Transformer, MASKED_SCORE,
 };
 
 use crate::graph::{attr_int, Axis, ElemType, Graph};
@@ -226,12 +228,53 @@ impl Exporter<'_> {
         let p = g.cast(positions, ElemType::F32);
         let p = g.unsqueeze(&p, &[1]);
         let angles = g.mul(&p, &inv);
-        let sin = g.op("Sin", &[&angles], vec![]);
-        let cos = g.op("Cos", &[&angles], vec![]);
+        self.sin_cos(g, &angles, d)
+    }
+
+    /// `[n, d/2]` angles -> `[n, d]`: sin on even dims, cos on odd dims.
+    fn sin_cos(&self, g: &mut Graph, angles: &str, d: usize) -> String {
+        let sin = g.op("Sin", &[angles], vec![]);
+        let cos = g.op("Cos", &[angles], vec![]);
         let sin = g.unsqueeze(&sin, &[-1]);
         let cos = g.unsqueeze(&cos, &[-1]);
         let pairs = g.concat(&[&sin, &cos], -1);
         g.reshape(&pairs, &[-1, d as i64])
+    }
+
+    /// `[batch, width]` length encodings of the decoder rows at int64 `positions` `[batch]`
+    /// asked for `lengths` `[batch]`, as `nmt_train::model::length_encoding`.
+    fn length_encoding(
+        &self,
+        g: &mut Graph,
+        positions: &str,
+        lengths: &str,
+        width: usize,
+    ) -> String {
+        match self.config.length_encoding {
+            LengthEncoding::None => unreachable!("only length-aware decoders read lengths"),
+            LengthEncoding::Ldpe => {
+                let remaining = g.sub(lengths, positions);
+                self.sinusoid(g, &remaining, width)
+            }
+            LengthEncoding::Lrpe => {
+                let exponents = g.weight(
+                    "length_ratio_exponents",
+                    &[width / 2],
+                    &length_ratio_exponents(width),
+                );
+                let len = g.cast(lengths, ElemType::F32);
+                let one = g.float_scalar(1.0);
+                let len = g.op("Max", &[&len, &one], vec![]);
+                let log_len = g.op("Log", &[&len], vec![]);
+                let log_len = g.unsqueeze(&log_len, &[1]);
+                let scaled = g.mul(&log_len, &exponents);
+                let inv = g.op("Exp", &[&scaled], vec![]);
+                let p = g.cast(positions, ElemType::F32);
+                let p = g.unsqueeze(&p, &[1]);
+                let angles = g.mul(&p, &inv);
+                self.sin_cos(g, &angles, width)
+            }
+        }
     }
 
     /// `[n, width]` absolute position vectors of int64 `positions` `[n]`, if the model has
@@ -483,6 +526,9 @@ impl Exporter<'_> {
         let mut g = Graph::new();
         let ids = g.input(names::TARGET_IDS, ElemType::I64, &["batch".into()]);
         let positions = g.input(names::POSITIONS, ElemType::I64, &["batch".into()]);
+        let target_lengths = cfg
+            .is_length_aware()
+            .then(|| g.input(names::TARGET_LENGTHS, ElemType::I64, &["batch".into()]));
         let source_mask = g.input(
             names::MEMORY_SOURCE_MASK,
             ElemType::F32,
@@ -535,7 +581,10 @@ impl Exporter<'_> {
                     )
                 },
                 |g, width| {
-                    let pe = self.absolute_positions(g, &positions, width, &position_table);
+                    let pe = match &target_lengths {
+                        Some(lengths) => Some(self.length_encoding(g, &positions, lengths, width)),
+                        None => self.absolute_positions(g, &positions, width, &position_table),
+                    };
                     Ok(pe.map(|pe| g.unsqueeze(&pe, &[1])))
                 },
             )

@@ -71,15 +71,17 @@ fn encode(encoder: &mut Session, batch: &Batch) -> HashMap<String, DynValue> {
 }
 
 /// A decoding loop as the server runs it: one token per row per step, state carried from
-/// `present.*` to `past.*`. `next` picks each row's next input from the step's logits.
+/// `present.*` to `past.*`, each row asked for its `target_lengths` entry when the decoder
+/// is length-aware. `next` picks each row's next input from the step's logits.
 fn run_steps(
     decoder: &mut Session,
     manifest: &Manifest,
     memory: &HashMap<String, DynValue>,
-    rows: usize,
+    target_lengths: &[i64],
     steps: usize,
     mut next: impl FnMut(usize, usize, &[f32]) -> u32,
 ) {
+    let rows = target_lengths.len();
     let mut state: HashMap<String, DynValue> = manifest
         .decoder_state
         .iter()
@@ -101,6 +103,12 @@ fn run_steps(
                 i64_tensor(vec![rows], vec![step as i64; rows]).into(),
             ),
         ];
+        if manifest.config.is_length_aware() {
+            inputs.push((
+                names::TARGET_LENGTHS.into(),
+                i64_tensor(vec![rows], target_lengths.to_vec()).into(),
+            ));
+        }
         for (name, value) in memory {
             inputs.push((name.clone(), value.view().into()));
         }
@@ -253,11 +261,20 @@ fn check_parity_after(preset: &str, steps: usize) {
     let memory = encode(&mut encoder, &batch);
 
     // Teacher forcing: feed the reference tokens, compare every real position's logits.
+    // A length-aware decoder is asked for each reference's length.
+    let target_lengths: Vec<i64> = batch
+        .target_lengths
+        .to_vec1::<u32>()
+        .unwrap()
+        .into_iter()
+        .map(i64::from)
+        .collect();
     let expected: Tensor = model
         .forward(
             &batch.source_ids,
             &batch.source_mask,
             &batch.decoder_input,
+            Some(&batch.target_lengths),
             &Dropout::off(),
         )
         .unwrap();
@@ -270,7 +287,7 @@ fn check_parity_after(preset: &str, steps: usize) {
         &mut decoder,
         &manifest,
         &memory,
-        rows.len(),
+        &target_lengths,
         steps,
         |step, row, logits| {
             if target_mask[row][step] > 0.0 {
@@ -293,7 +310,12 @@ fn check_parity_after(preset: &str, steps: usize) {
     // Greedy: the cached ONNX loop must pick the same tokens as candle.
     let max_len = 40;
     let reference = model
-        .greedy(&batch.source_ids, &batch.source_mask, max_len)
+        .greedy(
+            &batch.source_ids,
+            &batch.source_mask,
+            Some(&batch.target_lengths),
+            max_len,
+        )
         .unwrap();
     let mut produced: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
     let mut finished = vec![false; rows.len()];
@@ -301,7 +323,7 @@ fn check_parity_after(preset: &str, steps: usize) {
         &mut decoder,
         &manifest,
         &memory,
-        rows.len(),
+        &target_lengths,
         max_len,
         |_, row, logits| {
             let token = argmax(logits);
@@ -390,4 +412,19 @@ fn mpr_head() {
 fn rnn_nmt_baseline() {
     // The LSTMs learn slower: at 100 steps greedy outputs are only 2 distinct of 7.
     check_parity_after("rnn-nmt-tiny", 150);
+}
+
+#[test]
+fn length_difference_decoder() {
+    check_parity("ldpe-tiny");
+}
+
+#[test]
+fn length_ratio_decoder() {
+    check_parity("lrpe-tiny");
+}
+
+#[test]
+fn rel_transformer_with_length_difference_decoder() {
+    check_parity("rel-ldpe-tiny");
 }

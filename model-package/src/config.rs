@@ -60,15 +60,19 @@ pub enum RecurrentPosition {
     MprHead,
 }
 
-/// Takase & Okazaki's length encodings in the decoder, in place of its absolute positions.
+/// Takase & Okazaki's length encodings in the decoder, in place of its absolute positions
+/// (the encoder keeps its own). `len` is the length the decoder is asked for, in target
+/// subwords without EOS, and `pos` the decoder input's position (0 for BOS), so that at
+/// `pos == len` the next token should be EOS.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LengthEncoding {
     #[default]
     None,
-    /// Length-difference: `sin((len - pos) / 10000^(2i/d))`.
+    /// Length-difference: `sin((len - pos) / 10000^(2i/d))` (cos on odd dims): the tokens
+    /// still to come.
     Ldpe,
-    /// Length-ratio: `sin(pos / len^(2i/d))`.
+    /// Length-ratio: `sin(pos / len^(2i/d))` (cos on odd dims).
     Lrpe,
 }
 
@@ -123,6 +127,10 @@ pub struct ModelConfig {
     pub recurrent_dim: usize,
     #[serde(default)]
     pub length_encoding: LengthEncoding,
+    /// Oka et al.'s training noise: each training pair's `len` is its reference length plus
+    /// an integer drawn uniformly from `-length_noise..=length_noise` (0: exact lengths).
+    #[serde(default)]
+    pub length_noise: usize,
     pub layer_norm_eps: f64,
 }
 
@@ -160,6 +168,13 @@ impl ModelConfig {
         "rpe-head",
         "mpr-head",
         "rnn-nmt",
+        "ldpe",
+        "ldpe-noise2",
+        "ldpe-noise4",
+        "lrpe",
+        "lrpe-noise2",
+        "lrpe-noise4",
+        "rel-ldpe",
     ];
 
     /// A named preset sized for `vocab_size`.
@@ -190,6 +205,7 @@ impl ModelConfig {
             recurrent_position: RecurrentPosition::None,
             recurrent_dim: 0,
             length_encoding: LengthEncoding::None,
+            length_noise: 0,
             layer_norm_eps: 1e-5,
         };
         let relative = |config: &mut ModelConfig, kind| {
@@ -229,6 +245,22 @@ impl ModelConfig {
                 config.absolute_position = AbsolutePosition::None;
                 config.encoder_layers = 4;
                 config.decoder_layers = 3;
+            }
+            // Takase & Okazaki's and Oka et al.'s table: the Transformer with its decoder's
+            // positions replaced, without noise and with [-2, 2] and [-4, 4].
+            "ldpe" | "ldpe-noise2" | "ldpe-noise4" | "lrpe" | "lrpe-noise2" | "lrpe-noise4" => {
+                let (encoding, noise) = variant.split_once("-noise").unwrap_or((variant, "0"));
+                config.length_encoding = match encoding {
+                    "ldpe" => LengthEncoding::Ldpe,
+                    _ => LengthEncoding::Lrpe,
+                };
+                config.length_noise = noise.parse().expect("the preset names a number");
+            }
+            // A decoder that plans the asked length, on a model with no input limit.
+            "rel-ldpe" => {
+                relative(&mut config, RelativeAttention::KeysValues);
+                config.length_encoding = LengthEncoding::Ldpe;
+                config.length_noise = 2;
             }
             _ => return Err(ConfigError::UnknownPreset(name.to_string())),
         }
@@ -325,6 +357,7 @@ impl ModelConfig {
             );
         }
         self.validate_recurrent_embedding()?;
+        self.validate_length_encoding()?;
         if self.architecture == Architecture::RnnNmt && !self.d_model.is_multiple_of(2) {
             return combination(
                 "architecture rnn_nmt runs bi-LSTMs of d_model / 2 units per direction; \
@@ -341,6 +374,31 @@ impl ModelConfig {
                 "architecture rnn_nmt is recurrent by construction: absolute_position, \
                  relative_attention, recurrent_position and length_encoding must all be none",
             );
+        }
+        Ok(())
+    }
+
+    /// Whether the decoder takes the asked target length as an input.
+    pub fn is_length_aware(&self) -> bool {
+        self.length_encoding != LengthEncoding::None
+    }
+
+    fn validate_length_encoding(&self) -> Result<(), ConfigError> {
+        let combination = |message: &str| Err(ConfigError::Combination(message.to_string()));
+        if !self.is_length_aware() {
+            if self.length_noise != 0 {
+                return combination("length_noise only applies to a length_encoding");
+            }
+            return Ok(());
+        }
+        if self.recurrent_position != RecurrentPosition::None {
+            return combination(
+                "a length_encoding replaces the decoder's positions; recurrent_position must \
+                 be none",
+            );
+        }
+        if !self.d_model.is_multiple_of(2) {
+            return Err(ConfigError::OddModelDim(self.d_model));
         }
         Ok(())
     }
@@ -492,6 +550,32 @@ mod tests {
     }
 
     #[test]
+    fn length_encodings_take_the_decoders_positions_only() {
+        let ldpe = ModelConfig::preset("ldpe-noise4", 8000).unwrap();
+        assert_eq!(
+            (ldpe.length_encoding, ldpe.length_noise),
+            (LengthEncoding::Ldpe, 4)
+        );
+        assert_eq!(ldpe.absolute_position, AbsolutePosition::Sinusoidal);
+        let lrpe = ModelConfig::preset("lrpe", 8000).unwrap();
+        assert_eq!(
+            (lrpe.length_encoding, lrpe.length_noise),
+            (LengthEncoding::Lrpe, 0)
+        );
+        let rel = ModelConfig::preset("rel-ldpe", 8000).unwrap();
+        assert!(rel.is_length_aware() && !rel.has_absolute_positions());
+
+        let mut recurrent = ModelConfig::preset("rnn-transformer", 8000).unwrap();
+        recurrent.length_encoding = LengthEncoding::Ldpe;
+        let err = recurrent.validate().unwrap_err().to_string();
+        assert!(err.contains("recurrent_position must be none"), "{err}");
+        let mut stray_noise = ModelConfig::preset("transformer", 8000).unwrap();
+        stray_noise.length_noise = 2;
+        let err = stray_noise.validate().unwrap_err().to_string();
+        assert!(err.contains("only applies to a length_encoding"), "{err}");
+    }
+
+    #[test]
     fn manifests_written_before_the_switches_still_load() {
         let mut old =
             serde_json::to_value(ModelConfig::preset("transformer", 8000).unwrap()).unwrap();
@@ -503,6 +587,7 @@ mod tests {
             "recurrent_position",
             "recurrent_dim",
             "length_encoding",
+            "length_noise",
         ] {
             old.as_object_mut().unwrap().remove(field);
         }

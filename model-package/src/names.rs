@@ -21,6 +21,9 @@ pub const SOURCE_IDS: &str = "source_ids";
 pub const SOURCE_MASK: &str = "source_mask";
 pub const TARGET_IDS: &str = "target_ids";
 pub const POSITIONS: &str = "positions";
+/// `[batch]` int64, length-aware decoders only: the length each row is asked for (target
+/// subwords, EOS not counted), constant over a row's steps.
+pub const TARGET_LENGTHS: &str = "target_lengths";
 pub const LOGITS: &str = "logits";
 
 pub const MEMORY_PREFIX: &str = "memory.";

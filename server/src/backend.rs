@@ -30,13 +30,15 @@ pub trait Backend {
     fn encode(&mut self, sources: &[&[i64]]) -> Result<Self::Rows, BackendError>;
 
     /// One decoder step: `target_ids[r]` is the previous token of row `r` (BOS at the first
-    /// step) at position `positions[r]`. Updates the rows' state in place and returns the
-    /// logits `[rows, vocab]` of the next token.
+    /// step) at position `positions[r]`, and `target_lengths[r]` the length the row is asked
+    /// for (read by length-aware decoders only). Updates the rows' state in place and returns
+    /// the logits `[rows, vocab]` of the next token.
     fn step(
         &mut self,
         rows: &mut Self::Rows,
         target_ids: &[i64],
         positions: &[i64],
+        target_lengths: &[i64],
     ) -> Result<Array2<f32>, BackendError>;
 
     /// Appends `new` (fresh from [`Backend::encode`]) after the rows of `rows`, which may
@@ -54,22 +56,26 @@ pub trait Backend {
 ///
 /// `long` runs 5 steps; `short` joins after `long`'s third (its cache is padded to three
 /// masked columns and its source memory is shorter), then `long` leaves, so the padding is
-/// trimmed, and `short` takes its third step alone. Both are fed `fed` (BOS first).
+/// trimmed, and `short` takes its third step alone. Both are fed `fed` (BOS first); a
+/// length-aware model is asked for 6 tokens of `long` and 4 of `short`.
 pub fn batching_deviation<B: Backend>(
     backend: &mut B,
     long: &[i64],
     short: &[i64],
     fed: [i64; 5],
 ) -> Result<f32, BackendError> {
+    const LONG_LENGTH: i64 = 6;
+    const SHORT_LENGTH: i64 = 4;
     let positions = |ps: &[usize]| ps.iter().map(|&p| p as i64).collect::<Vec<_>>();
-    let mut alone = |source: &[i64], steps: usize| -> Result<Vec<Array2<f32>>, BackendError> {
-        let mut rows = backend.encode(&[source])?;
-        (0..steps)
-            .map(|p| backend.step(&mut rows, &[fed[p]], &positions(&[p])))
-            .collect()
-    };
-    let long_alone = alone(long, 5)?;
-    let short_alone = alone(short, 3)?;
+    let mut alone =
+        |source: &[i64], length: i64, steps: usize| -> Result<Vec<Array2<f32>>, BackendError> {
+            let mut rows = backend.encode(&[source])?;
+            (0..steps)
+                .map(|p| backend.step(&mut rows, &[fed[p]], &positions(&[p]), &[length]))
+                .collect()
+        };
+    let long_alone = alone(long, LONG_LENGTH, 5)?;
+    let short_alone = alone(short, SHORT_LENGTH, 3)?;
 
     let mut worst = 0f32;
     let mut compare = |a: ndarray::ArrayView2<f32>, b: &Array2<f32>| -> Result<(), BackendError> {
@@ -89,18 +95,23 @@ pub fn batching_deviation<B: Backend>(
     };
     let mut rows = backend.encode(&[long])?;
     for p in 0..3 {
-        let logits = backend.step(&mut rows, &[fed[p]], &positions(&[p]))?;
+        let logits = backend.step(&mut rows, &[fed[p]], &positions(&[p]), &[LONG_LENGTH])?;
         compare(logits.view(), &long_alone[p])?;
     }
     let joining = backend.encode(&[short])?;
     backend.append(&mut rows, joining)?;
     for p in 0..2 {
-        let logits = backend.step(&mut rows, &[fed[3 + p], fed[p]], &positions(&[3 + p, p]))?;
+        let logits = backend.step(
+            &mut rows,
+            &[fed[3 + p], fed[p]],
+            &positions(&[3 + p, p]),
+            &[LONG_LENGTH, SHORT_LENGTH],
+        )?;
         compare(logits.slice(ndarray::s![0..1, ..]), &long_alone[3 + p])?;
         compare(logits.slice(ndarray::s![1..2, ..]), &short_alone[p])?;
     }
     backend.retain_rows(&mut rows, &[1])?;
-    let logits = backend.step(&mut rows, &[fed[2]], &positions(&[2]))?;
+    let logits = backend.step(&mut rows, &[fed[2]], &positions(&[2]), &[SHORT_LENGTH])?;
     compare(logits.view(), &short_alone[2])?;
     Ok(worst)
 }
@@ -124,8 +135,9 @@ mod tests {
             rows: &mut CopyRows,
             target_ids: &[i64],
             positions: &[i64],
+            target_lengths: &[i64],
         ) -> Result<Array2<f32>, BackendError> {
-            let logits = self.0.step(rows, target_ids, positions)?;
+            let logits = self.0.step(rows, target_ids, positions, target_lengths)?;
             Ok(logits + 0.25 * (target_ids.len() - 1) as f32)
         }
         fn append(&mut self, rows: &mut CopyRows, new: CopyRows) -> Result<(), BackendError> {

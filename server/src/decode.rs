@@ -26,6 +26,9 @@ pub struct DecodeInput {
     pub min_output_tokens: usize,
     /// At most this many tokens are generated (EOS not counted); 0 generates nothing.
     pub max_output_tokens: usize,
+    /// The length a length-aware decoder plans for (its LDPE/LRPE input); other models
+    /// ignore it.
+    pub target_length: Option<usize>,
 }
 
 impl DecodeInput {
@@ -35,6 +38,7 @@ impl DecodeInput {
             source_ids,
             min_output_tokens: 0,
             max_output_tokens,
+            target_length: None,
         }
     }
 
@@ -64,6 +68,8 @@ struct Sequence<T> {
     ids: Vec<u32>,
     min_tokens: usize,
     max_tokens: usize,
+    /// Fed to the decoder's `target_lengths` (0 without a target length).
+    target_length: i64,
 }
 
 /// A row of the backend's batch.
@@ -73,6 +79,7 @@ enum Row<T> {
     /// position until the next compaction; its logits are ignored.
     Ghost {
         position: i64,
+        target_length: i64,
     },
 }
 
@@ -144,6 +151,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
                     ids: Vec::with_capacity(input.max_output_tokens),
                     min_tokens: input.min_output_tokens.min(input.max_output_tokens),
                     max_tokens: input.max_output_tokens,
+                    target_length: input.target_length.unwrap_or(0) as i64,
                 })
             }));
         }
@@ -168,18 +176,27 @@ impl<B: Backend, T> RunningBatch<B, T> {
         let Some(tensors) = self.tensors.as_mut() else {
             return Ok(Vec::new());
         };
-        let (target_ids, positions): (Vec<i64>, Vec<i64>) = self
-            .rows
-            .iter()
-            .map(|row| match row {
+        let n = self.rows.len();
+        let mut target_ids = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        let mut target_lengths = Vec::with_capacity(n);
+        for row in &self.rows {
+            let (id, position, length) = match row {
                 Row::Live(s) => (
                     i64::from(*s.ids.last().unwrap_or(&special.bos)),
                     s.ids.len() as i64,
+                    s.target_length,
                 ),
-                Row::Ghost { position } => (i64::from(special.eos), *position),
-            })
-            .unzip();
-        let logits = backend.step(tensors, &target_ids, &positions)?;
+                Row::Ghost {
+                    position,
+                    target_length,
+                } => (i64::from(special.eos), *position, *target_length),
+            };
+            target_ids.push(id);
+            positions.push(position);
+            target_lengths.push(length);
+        }
+        let logits = backend.step(tensors, &target_ids, &positions, &target_lengths)?;
         if logits.nrows() != self.rows.len() {
             return Err(BackendError::Contract(format!(
                 "logits have {} rows for a batch of {}",
@@ -201,6 +218,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
             if let Some(stop) = stop {
                 let ghost = Row::Ghost {
                     position: positions[r] + 1,
+                    target_length: target_lengths[r],
                 };
                 let Row::Live(sequence) = std::mem::replace(row, ghost) else {
                     unreachable!("the row was live")
@@ -232,6 +250,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
             if cancelled(&sequence.tag) {
                 let ghost = Row::Ghost {
                     position: sequence.ids.len() as i64,
+                    target_length: sequence.target_length,
                 };
                 let Row::Live(sequence) = std::mem::replace(row, ghost) else {
                     unreachable!("the row was live")
@@ -343,6 +362,8 @@ pub(crate) mod testing {
     pub struct CopyBackend {
         /// Batch size of every step, for asserting that finished rows leave the batch.
         pub step_sizes: Vec<usize>,
+        /// The `target_lengths` of every step.
+        pub target_lengths: Vec<Vec<i64>>,
         /// Fail the next step (error-path tests).
         pub fail: bool,
         /// Time each step takes (timeout and queueing tests).
@@ -365,6 +386,7 @@ pub(crate) mod testing {
             rows: &mut CopyRows,
             target_ids: &[i64],
             positions: &[i64],
+            target_lengths: &[i64],
         ) -> Result<Array2<f32>, BackendError> {
             if self.fail {
                 return Err(BackendError::Inference("injected failure".into()));
@@ -373,7 +395,9 @@ pub(crate) mod testing {
             let n = rows.sources.len();
             assert_eq!(target_ids.len(), n);
             assert_eq!(positions.len(), n);
+            assert_eq!(target_lengths.len(), n);
             self.step_sizes.push(n);
+            self.target_lengths.push(target_lengths.to_vec());
             let mut logits = Array2::zeros((n, VOCAB));
             for r in 0..n {
                 // A row fed EOS is a ghost (finished, awaiting compaction): nothing to check.
@@ -597,9 +621,11 @@ mod tests {
     fn rows_join_a_running_batch_between_steps() {
         let mut backend = CopyBackend::default();
         let mut batch = RunningBatch::<CopyBackend, &str>::default();
-        let joined = batch
-            .join(&mut backend, vec![("long", input(&[4, 5, 6, 7, 8], 20))])
-            .unwrap();
+        let long = DecodeInput {
+            target_length: Some(7),
+            ..input(&[4, 5, 6, 7, 8], 20)
+        };
+        let joined = batch.join(&mut backend, vec![("long", long)]).unwrap();
         assert!(joined.is_empty());
         assert!(batch.step(&mut backend, SPECIAL).unwrap().is_empty());
         assert!(batch.step(&mut backend, SPECIAL).unwrap().is_empty());
@@ -633,6 +659,12 @@ mod tests {
             ]
         );
         assert_eq!(backend.step_sizes, vec![1, 1, 2, 2, 1, 1]);
+        // Every row is asked for its own length at every step, the finished one too while
+        // it stays in the batch as a ghost.
+        assert_eq!(
+            backend.target_lengths,
+            vec![vec![7], vec![7], vec![7, 0], vec![7, 0], vec![7], vec![7]]
+        );
     }
 
     #[test]

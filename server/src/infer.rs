@@ -64,7 +64,8 @@ pub struct Translation {
     pub source_tokens: usize,
     /// Subword tokens generated (EOS not counted).
     pub output_tokens: usize,
-    /// The target length used for this text, in subword tokens, when the request set one.
+    /// The target length used for this text, in subword tokens: the request's, or for a
+    /// length-aware model asked for none, the source's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_length: Option<usize>,
 }
@@ -383,20 +384,34 @@ impl Infer {
             }
             let source_ids = source_ids(&ids, model.eos_id);
             let target = match request.target_length {
+                None if model.config.is_length_aware() => Some(ids.len().clamp(1, max_output)),
                 None => None,
                 Some(TargetLength::Tokens(n)) => Some(n),
                 Some(TargetLength::Source) => Some(ids.len().clamp(1, max_output)),
                 Some(TargetLength::Auto) => unreachable!("refused above"),
             };
+            let free_budget = limits.output_budget(ids.len(), max_output);
             let input = match target {
+                // A length-aware decoder plans the length itself (its length encoding is
+                // fed the target); the budget only stops a runaway row.
+                Some(n) if model.config.is_length_aware() => DecodeInput {
+                    target_length: Some(n),
+                    ..DecodeInput::new(
+                        source_ids,
+                        free_budget
+                            .max(n + limits.max_length_offset)
+                            .min(max_output),
+                    )
+                },
                 // A model without length encodings meets the target by decoding: EOS is
                 // banned before it and the row stops at it.
                 Some(n) => DecodeInput {
                     source_ids,
                     min_output_tokens: n,
                     max_output_tokens: n,
+                    target_length: None,
                 },
-                None => DecodeInput::new(source_ids, limits.output_budget(ids.len(), max_output)),
+                None => DecodeInput::new(source_ids, free_budget),
             };
             valid.inputs.push(input);
             valid.source_tokens.push(ids.len());

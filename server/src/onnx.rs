@@ -193,6 +193,8 @@ pub struct Layout {
     /// `memory.*` names, in the decoder's input order (= encoder outputs).
     pub memory: Vec<String>,
     pub states: Vec<StateSlot>,
+    /// The decoder reads `target_lengths` (a length-aware model).
+    pub length_aware: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -367,6 +369,19 @@ pub fn check_contract(
     let mut expected_inputs: BTreeSet<String> = [names::TARGET_IDS, names::POSITIONS]
         .map(String::from)
         .into();
+    let length_aware = manifest.config.is_length_aware();
+    if length_aware {
+        expect_tensor(
+            &mut problems,
+            files::DECODER,
+            "input",
+            &dec_in,
+            names::TARGET_LENGTHS,
+            Int64,
+            1,
+        );
+        expected_inputs.insert(names::TARGET_LENGTHS.to_string());
+    }
     expected_inputs.extend(memory.iter().cloned());
     let mut expected_outputs: BTreeSet<String> = [names::LOGITS.to_string()].into();
     for spec in &manifest.decoder_state {
@@ -474,7 +489,11 @@ pub fn check_contract(
     }
 
     if problems.is_empty() {
-        Ok(Layout { memory, states })
+        Ok(Layout {
+            memory,
+            states,
+            length_aware,
+        })
     } else {
         Err(ContractError(problems))
     }
@@ -630,13 +649,15 @@ impl Backend for OrtBackend {
         rows: &mut OrtRows,
         target_ids: &[i64],
         positions: &[i64],
+        target_lengths: &[i64],
     ) -> Result<Array2<f32>, BackendError> {
         let n = rows.rows();
-        if target_ids.len() != n || positions.len() != n {
+        if target_ids.len() != n || positions.len() != n || target_lengths.len() != n {
             return Err(BackendError::Inference(format!(
-                "step got {} target ids and {} positions for {n} rows",
+                "step got {} target ids, {} positions and {} target lengths for {n} rows",
                 target_ids.len(),
-                positions.len()
+                positions.len(),
+                target_lengths.len()
             )));
         }
         let target =
@@ -647,6 +668,11 @@ impl Backend for OrtBackend {
             Vec::with_capacity(2 + rows.memory.len() + rows.state.len());
         inputs.push((names::TARGET_IDS.into(), target.into()));
         inputs.push((names::POSITIONS.into(), position.into()));
+        if self.layout.length_aware {
+            let lengths = Tensor::from_array(([n], target_lengths.to_vec()))
+                .map_err(ort_error("target_lengths"))?;
+            inputs.push((names::TARGET_LENGTHS.into(), lengths.into()));
+        }
         for (name, value) in self.layout.memory.iter().zip(&rows.memory) {
             inputs.push((name.as_str().into(), value.into()));
         }
@@ -808,6 +834,27 @@ mod tests {
                 ("past.self_key.0", "present.self_key.0"),
                 ("past.self_mask", "present.self_mask")
             ]
+        );
+    }
+
+    #[test]
+    fn a_length_aware_manifest_needs_the_target_lengths_input() {
+        let mut manifest = manifest();
+        manifest.config.length_encoding = model_package::LengthEncoding::Ldpe;
+        let err = check(&graphs(), &manifest).unwrap_err().to_string();
+        assert!(err.contains("no input `target_lengths`"), "{err}");
+        let mut g = graphs();
+        g.dec_in.push(Port::new("target_lengths", Int64, &[-1]));
+        assert!(check(&g, &manifest).unwrap().length_aware);
+        // A plain model's decoder must not expect one.
+        let err = check(&g, &super::tests::manifest())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("target_lengths"), "{err}");
+        assert!(
+            !check(&graphs(), &super::tests::manifest())
+                .unwrap()
+                .length_aware
         );
     }
 

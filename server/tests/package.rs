@@ -125,7 +125,9 @@ fn first_step_runs_from_empty_state() {
     let refs: Vec<&[i64]> = sources.iter().map(|s| s.as_slice()).collect();
     let mut rows = backend.encode(&refs).unwrap();
     let bos = i64::from(manifest.bos_id);
-    let logits = backend.step(&mut rows, &[bos, bos], &[0, 0]).unwrap();
+    let logits = backend
+        .step(&mut rows, &[bos, bos], &[0, 0], &[0, 0])
+        .unwrap();
     assert_eq!(logits.shape(), &[2, manifest.config.vocab_size]);
     assert!(logits.iter().all(|x| x.is_finite()), "non-finite logits");
     // The state grew: a second step from the first step's state works.
@@ -134,7 +136,7 @@ fn first_step_runs_from_empty_state() {
         .into_iter()
         .map(|r| i64::from(nmt_server::decode::argmax_except(r, None)))
         .collect();
-    let logits = backend.step(&mut rows, &next, &[1, 1]).unwrap();
+    let logits = backend.step(&mut rows, &next, &[1, 1], &[0, 0]).unwrap();
     assert!(
         logits.iter().all(|x| x.is_finite()),
         "non-finite logits at step 1"
@@ -150,16 +152,22 @@ fn retained_rows_continue_like_a_fresh_batch() {
     // Three rows, one step, then keep rows 2 and 0 and step again.
     let refs: Vec<&[i64]> = sources.iter().map(|s| s.as_slice()).collect();
     let mut rows = backend.encode(&refs).unwrap();
-    let first = backend.step(&mut rows, &[bos; 3], &[0; 3]).unwrap();
+    let first = backend
+        .step(&mut rows, &[bos; 3], &[0; 3], &[0; 3])
+        .unwrap();
     backend.retain_rows(&mut rows, &[2, 0]).unwrap();
     let tokens = [7i64, 11];
-    let kept = backend.step(&mut rows, &tokens, &[1, 1]).unwrap();
+    let kept = backend.step(&mut rows, &tokens, &[1, 1], &[0, 0]).unwrap();
 
     // The same two sentences as a batch of their own.
     let refs: Vec<&[i64]> = vec![&sources[2], &sources[0]];
     let mut fresh_rows = backend.encode(&refs).unwrap();
-    let fresh_first = backend.step(&mut fresh_rows, &[bos; 2], &[0; 2]).unwrap();
-    let fresh = backend.step(&mut fresh_rows, &tokens, &[1, 1]).unwrap();
+    let fresh_first = backend
+        .step(&mut fresh_rows, &[bos; 2], &[0; 2], &[0; 2])
+        .unwrap();
+    let fresh = backend
+        .step(&mut fresh_rows, &tokens, &[1, 1], &[0, 0])
+        .unwrap();
 
     let selected = ndarray::stack![ndarray::Axis(0), first.row(2), first.row(0)];
     assert_close(&selected, &fresh_first, "step 0");

@@ -95,7 +95,7 @@ fn reference_translation(
     let n = ids.len();
     let source = Tensor::from_vec(ids, (1, n), &Device::Cpu).unwrap();
     let mask = Tensor::ones((1, n), candle_core::DType::F32, &Device::Cpu).unwrap();
-    let out = model.greedy(&source, &mask, max_len).unwrap();
+    let out = model.greedy(&source, &mask, None, max_len).unwrap();
     nmt_train::tokenizer::decode_ids(tokenizer, &out[0]).unwrap()
 }
 

@@ -44,11 +44,12 @@ fn profile(
     let mut adam = Adam::new(vars)?;
     let ids = Tensor::rand(0f32, (VOCAB - 10) as f32, (rows, len), &dev)?.to_dtype(DType::U32)?;
     let mask = Tensor::ones((rows, len), DType::F32, &dev)?;
+    let lengths = Tensor::new(vec![len as u32 - 1; rows], &dev)?;
     let mut rates = Vec::new();
     for step in 0..=steps {
         let t = Instant::now();
         let dropout = Dropout::new(config.dropout, 1);
-        let logits = model.forward(&ids, &mask, &ids, &dropout)?;
+        let logits = model.forward(&ids, &mask, &ids, Some(&lengths), &dropout)?;
         let t_fwd = t.elapsed();
         let (loss, _) = label_smoothed_loss(&logits, &ids, &mask, 0.1)?;
         let t_loss = t.elapsed();

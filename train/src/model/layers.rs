@@ -1,10 +1,10 @@
 //! The building blocks both families share: the one embedding table (source, target and
-//! output projection), sinusoidal positions, layer normalisation, the feed-forward block,
+//! output projection), sinusoidal positions and length encodings, layer normalisation, the feed-forward block,
 //! residual connections and attention masks.
 
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
-use model_package::{ModelConfig, NormPlacement};
+use model_package::{LengthEncoding, ModelConfig, NormPlacement};
 
 use super::dropout::Dropout;
 
@@ -35,6 +35,52 @@ pub(crate) fn sinusoid_of(values: &Tensor, d_model: usize) -> Result<Tensor> {
         .reshape((n, 1))?
         .broadcast_mul(&inv.reshape((1, d_model / 2))?)?;
     Tensor::stack(&[angles.sin()?, angles.cos()?], 2)?.reshape((n, d_model))
+}
+
+/// Takase & Okazaki's length encodings of decoder positions `0..t` for rows asked for
+/// `lengths` `[batch]` (target subwords without EOS): `[batch, t, d]`, sin on even dims and
+/// cos on odd dims, of `len - pos` (LDPE) or of `pos * len^(-2i/d)` (LRPE).
+pub fn length_encoding(
+    kind: LengthEncoding,
+    lengths: &Tensor,
+    t: usize,
+    d_model: usize,
+) -> Result<Tensor> {
+    let b = lengths.dim(0)?;
+    let device = lengths.device();
+    let lengths = lengths.to_dtype(DType::F32)?.reshape((b, 1))?;
+    let positions = Tensor::arange(0u32, t as u32, device)?
+        .to_dtype(DType::F32)?
+        .reshape((1, t))?;
+    match kind {
+        LengthEncoding::None => candle_core::bail!("no length encoding to compute"),
+        LengthEncoding::Ldpe => {
+            let remaining = lengths.broadcast_sub(&positions)?.flatten_all()?;
+            sinusoid_of(&remaining, d_model)?.reshape((b, t, d_model))
+        }
+        LengthEncoding::Lrpe => {
+            // len^(-2i/d) as exp(ln(len) * -2i/d), the form the exported graph computes too.
+            let exponents = Tensor::new(length_ratio_exponents(d_model), device)?;
+            let inv = lengths
+                .maximum(1f64)?
+                .log()?
+                .broadcast_mul(&exponents.reshape((1, d_model / 2))?)?
+                .exp()?;
+            let angles = positions.reshape((1, t, 1))?.broadcast_mul(&inv.reshape((
+                b,
+                1,
+                d_model / 2,
+            ))?)?;
+            Tensor::stack(&[angles.sin()?, angles.cos()?], 3)?.reshape((b, t, d_model))
+        }
+    }
+}
+
+/// `-2i/d` for `i` in `0..d/2`: LRPE's exponents of the length, shared with the exporter.
+pub fn length_ratio_exponents(d_model: usize) -> Vec<f32> {
+    (0..d_model / 2)
+        .map(|i| (-2.0 * i as f64 / d_model as f64) as f32)
+        .collect()
 }
 
 /// The embedding table `[vocab, d]` shared by the source, the target and the output
@@ -138,6 +184,35 @@ pub fn additive_mask(mask: &Tensor) -> Result<Tensor> {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    #[test]
+    fn length_encodings_follow_the_papers_formulas() {
+        let lengths = Tensor::new(&[5u32, 9], &Device::Cpu).unwrap();
+        let d = 8;
+        let ldpe = length_encoding(LengthEncoding::Ldpe, &lengths, 7, d).unwrap();
+        let lrpe = length_encoding(LengthEncoding::Lrpe, &lengths, 7, d).unwrap();
+        assert_eq!(ldpe.dims(), &[2, 7, d]);
+        let (ldpe, lrpe) = (
+            ldpe.to_vec3::<f32>().unwrap(),
+            lrpe.to_vec3::<f32>().unwrap(),
+        );
+        for (row, len) in [5f64, 9.0].into_iter().enumerate() {
+            for pos in 0..7 {
+                for i in 0..d / 2 {
+                    let base = 10000f64.powf(2.0 * i as f64 / d as f64);
+                    let diff = (len - pos as f64) / base;
+                    assert!((ldpe[row][pos][2 * i] as f64 - diff.sin()).abs() < 1e-5);
+                    assert!((ldpe[row][pos][2 * i + 1] as f64 - diff.cos()).abs() < 1e-5);
+                    let ratio = pos as f64 / len.powf(2.0 * i as f64 / d as f64);
+                    assert!((lrpe[row][pos][2 * i] as f64 - ratio.sin()).abs() < 1e-5);
+                    assert!((lrpe[row][pos][2 * i + 1] as f64 - ratio.cos()).abs() < 1e-5);
+                }
+            }
+        }
+        // At pos == len nothing is left: LDPE is the encoding of 0 there.
+        assert_eq!(ldpe[0][5][0], 0.0);
+        assert_eq!(ldpe[0][5][1], 1.0);
+    }
 
     #[test]
     fn sinusoid_interleaves_sin_and_cos() {

@@ -17,8 +17,8 @@ use model_package::{Architecture, ModelConfig};
 pub use attention::{relative_indices, step_key_positions, Attention, RelativeTables};
 pub use dropout::Dropout;
 pub use layers::{
-    additive_mask, residual, sinusoid, sinusoid_inverse_frequencies, FeedForward, LayerNorm,
-    MASKED_SCORE,
+    additive_mask, length_encoding, length_ratio_exponents, residual, sinusoid,
+    sinusoid_inverse_frequencies, FeedForward, LayerNorm, MASKED_SCORE,
 };
 pub use rnn_nmt::RnnNmt;
 pub use seq2seq::Seq2Seq;
@@ -59,11 +59,12 @@ impl Seq2Seq for Model {
     fn decode(
         &self,
         ids: &Tensor,
+        lengths: Option<&Tensor>,
         memory: &Tensor,
         mask: &Tensor,
         dropout: &Dropout,
     ) -> Result<Tensor> {
-        self.inner().decode(ids, memory, mask, dropout)
+        self.inner().decode(ids, lengths, memory, mask, dropout)
     }
 }
 
@@ -114,9 +115,12 @@ mod tests {
         let padded_ids = Tensor::new(&[[5u32, 6, 7, 0, 0]], &dev).unwrap();
         let padded_mask = Tensor::new(&[[1f32, 1.0, 1.0, 0.0, 0.0]], &dev).unwrap();
         let target = Tensor::new(&[[1u32, 9, 10]], &dev).unwrap();
-        let a = model.forward(&ids, &mask, &target, &off).unwrap();
+        let lengths = Tensor::new(&[2u32], &dev).unwrap();
+        let a = model
+            .forward(&ids, &mask, &target, Some(&lengths), &off)
+            .unwrap();
         let b = model
-            .forward(&padded_ids, &padded_mask, &target, &off)
+            .forward(&padded_ids, &padded_mask, &target, Some(&lengths), &off)
             .unwrap();
         assert!(max_abs_diff(&a, &b) < 1e-5);
         let memory = model
@@ -140,22 +144,19 @@ mod tests {
         let off = Dropout::off();
         let ids = Tensor::new(&[[5u32, 6, 7]], &dev).unwrap();
         let mask = Tensor::ones((1, 3), DType::F32, &dev).unwrap();
-        let a = model
-            .forward(
-                &ids,
-                &mask,
-                &Tensor::new(&[[1u32, 9, 10]], &dev).unwrap(),
-                &off,
-            )
-            .unwrap();
-        let b = model
-            .forward(
-                &ids,
-                &mask,
-                &Tensor::new(&[[1u32, 9, 33]], &dev).unwrap(),
-                &off,
-            )
-            .unwrap();
+        let lengths = Tensor::new(&[2u32], &dev).unwrap();
+        let run = |target: [u32; 3]| {
+            model
+                .forward(
+                    &ids,
+                    &mask,
+                    &Tensor::new(&[target], &dev).unwrap(),
+                    Some(&lengths),
+                    &off,
+                )
+                .unwrap()
+        };
+        let (a, b) = (run([1, 9, 10]), run([1, 9, 33]));
         let prefix = |t: &Tensor| t.narrow(1, 0, 2).unwrap();
         assert!(max_abs_diff(&prefix(&a), &prefix(&b)) < 1e-6);
         assert!(max_abs_diff(&a, &b) > 1e-4);

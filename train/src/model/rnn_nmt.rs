@@ -160,6 +160,7 @@ impl Seq2Seq for RnnNmt {
     fn decode(
         &self,
         target_ids: &Tensor,
+        _target_lengths: Option<&Tensor>,
         memory: &Tensor,
         source_mask: &Tensor,
         dropout: &Dropout,
@@ -207,7 +208,13 @@ mod tests {
         let target = Tensor::new(&[[1u32]], &dev).unwrap();
         let run = |src: [u32; 3]| {
             model
-                .forward(&Tensor::new(&[src], &dev).unwrap(), &mask, &target, &off)
+                .forward(
+                    &Tensor::new(&[src], &dev).unwrap(),
+                    &mask,
+                    &target,
+                    None,
+                    &off,
+                )
                 .unwrap()
         };
         assert!(max_abs_diff(&run([5, 6, 7]), &run([5, 6, 8])) > 1e-4);

@@ -20,10 +20,12 @@ pub trait Seq2Seq {
     ) -> Result<Tensor>;
 
     /// Teacher-forced decoder: `target_ids` `[batch, tgt_len]` (BOS first) -> logits
-    /// `[batch, tgt_len, vocab]`.
+    /// `[batch, tgt_len, vocab]`. `target_lengths` `[batch]` u32 are the lengths a
+    /// length-aware decoder is asked for (required by those, ignored by the others).
     fn decode(
         &self,
         target_ids: &Tensor,
+        target_lengths: Option<&Tensor>,
         memory: &Tensor,
         source_mask: &Tensor,
         dropout: &Dropout,
@@ -34,10 +36,11 @@ pub trait Seq2Seq {
         source_ids: &Tensor,
         source_mask: &Tensor,
         target_ids: &Tensor,
+        target_lengths: Option<&Tensor>,
         dropout: &Dropout,
     ) -> Result<Tensor> {
         let memory = self.encode(source_ids, source_mask, dropout)?;
-        self.decode(target_ids, &memory, source_mask, dropout)
+        self.decode(target_ids, target_lengths, &memory, source_mask, dropout)
     }
 
     /// Greedy decoding of one batch, recomputing the whole prefix every step. Slow, but it
@@ -46,6 +49,7 @@ pub trait Seq2Seq {
         &self,
         source_ids: &Tensor,
         source_mask: &Tensor,
+        target_lengths: Option<&Tensor>,
         max_len: usize,
     ) -> Result<Vec<Vec<u32>>> {
         use model_package::special::{BOS, EOS};
@@ -58,7 +62,7 @@ pub trait Seq2Seq {
             let flat: Vec<u32> = prefix.iter().flatten().copied().collect();
             let t = prefix[0].len();
             let ids = Tensor::from_vec(flat, (b, t), source_ids.device())?;
-            let logits = self.decode(&ids, &memory, source_mask, &off)?;
+            let logits = self.decode(&ids, target_lengths, &memory, source_mask, &off)?;
             let next = logits
                 .narrow(1, t - 1, 1)?
                 .squeeze(1)?

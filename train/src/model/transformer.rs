@@ -14,7 +14,8 @@ use model_package::{
 use super::attention::{Attention, Keys};
 use super::dropout::Dropout;
 use super::layers::{
-    embed_scaled, embedding_table, residual, sinusoid, tied_logits, FeedForward, LayerNorm,
+    embed_scaled, embedding_table, length_encoding, residual, sinusoid, tied_logits, FeedForward,
+    LayerNorm,
 };
 use super::recurrent::{Cell, RecurrentEmbedding, Rnn};
 use super::seq2seq::Seq2Seq;
@@ -117,12 +118,6 @@ impl Transformer {
                 config.architecture
             );
         }
-        if config.length_encoding != model_package::LengthEncoding::None {
-            candle_core::bail!(
-                "preset {}: length encodings (LDPE/LRPE) are not implemented in training yet",
-                config.preset
-            );
-        }
         let d = config.d_model;
         let pos_embed = match config.absolute_position {
             AbsolutePosition::Learned => Some(vb.get_with_hints(
@@ -187,13 +182,16 @@ impl Transformer {
     }
 
     /// Scaled word embeddings plus the order information of `position` (the stack's
-    /// recurrent encoder) and of absolute positions `0..len`, for `[batch, len]` ids.
-    /// `mask` marks trailing padding (a bidirectional encoder must not read it).
+    /// recurrent encoder) and of absolute positions `0..len`, for `[batch, len]` ids; or,
+    /// given the asked `lengths` (a length-aware decoder), the length encoding in place of
+    /// the absolute positions. `mask` marks trailing padding (a bidirectional encoder must
+    /// not read it).
     fn embed_with_positions(
         &self,
         ids: &Tensor,
         mask: Option<&Tensor>,
         position: &Option<PositionEncoder>,
+        lengths: Option<&Tensor>,
         dropout: &Dropout,
     ) -> Result<Tensor> {
         let t = ids.dim(1)?;
@@ -212,12 +210,17 @@ impl Transformer {
             }
             None => (words, None),
         };
-        let x = match (self.config.absolute_position, &self.pos_embed) {
-            (AbsolutePosition::Sinusoidal, _) => {
+        let x = match (lengths, self.config.absolute_position, &self.pos_embed) {
+            (Some(lengths), _, _) => {
+                let width = words.dim(2)?;
+                let encoding = length_encoding(self.config.length_encoding, lengths, t, width)?;
+                words.add(&encoding)?
+            }
+            (None, AbsolutePosition::Sinusoidal, _) => {
                 let width = words.dim(2)?;
                 words.broadcast_add(&sinusoid(&positions, width)?.unsqueeze(0)?)?
             }
-            (AbsolutePosition::Learned, Some(table)) => {
+            (None, AbsolutePosition::Learned, Some(table)) => {
                 if t > self.config.max_positions {
                     candle_core::bail!(
                         "{t} positions but the learned position table has {}",
@@ -254,6 +257,7 @@ impl Seq2Seq for Transformer {
             source_ids,
             Some(source_mask),
             &self.encoder.position,
+            None,
             dropout,
         )?;
         for layer in &self.encoder.layers {
@@ -273,14 +277,24 @@ impl Seq2Seq for Transformer {
     fn decode(
         &self,
         target_ids: &Tensor,
+        target_lengths: Option<&Tensor>,
         memory: &Tensor,
         source_mask: &Tensor,
         dropout: &Dropout,
     ) -> Result<Tensor> {
         let memory_keys = Keys::from_mask(source_mask)?;
         let norm = self.config.norm;
+        let lengths = match (self.config.is_length_aware(), target_lengths) {
+            (true, None) => candle_core::bail!(
+                "preset {}: a length-aware decoder needs the target lengths",
+                self.config.preset
+            ),
+            (true, lengths) => lengths,
+            (false, _) => None,
+        };
         // Target padding is trailing and the decoder's encoders run forward only.
-        let mut x = self.embed_with_positions(target_ids, None, &self.decoder.position, dropout)?;
+        let mut x =
+            self.embed_with_positions(target_ids, None, &self.decoder.position, lengths, dropout)?;
         for layer in &self.decoder.layers {
             x = residual(&x, &layer.self_attn_norm, norm, dropout, |h| {
                 layer.self_attn.self_attention(h, &Keys::Causal)
@@ -306,17 +320,29 @@ mod tests {
     use candle_nn::VarMap;
 
     #[test]
-    fn length_encodings_say_they_are_not_implemented_at_construction() {
+    fn a_length_aware_decoder_needs_lengths_and_follows_them() {
         let varmap = VarMap::new();
-        let mut config = ModelConfig::preset("transformer-tiny", 50).unwrap();
-        config.length_encoding = model_package::LengthEncoding::Ldpe;
-        let err = Transformer::new(
-            config,
-            VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("not implemented in training yet"), "{err}");
+        let config = ModelConfig::preset("rel-ldpe-tiny", 50).unwrap();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let model = Transformer::new(config, vb).unwrap();
+        let dev = Device::Cpu;
+        let source = Tensor::new(&[[5u32, 6, 7, 2]], &dev).unwrap();
+        let mask = Tensor::ones((1, 4), DType::F32, &dev).unwrap();
+        let target = Tensor::new(&[[1u32, 8, 9]], &dev).unwrap();
+        let off = Dropout::off();
+        let err = model
+            .forward(&source, &mask, &target, None, &off)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs the target lengths"), "{err}");
+        let logits = |len: u32| {
+            let lengths = Tensor::new(&[len], &dev).unwrap();
+            model
+                .forward(&source, &mask, &target, Some(&lengths), &off)
+                .unwrap()
+        };
+        assert!(crate::max_abs_diff(&logits(3), &logits(3)) == 0.0);
+        assert!(crate::max_abs_diff(&logits(3), &logits(12)) > 1e-3);
     }
 
     #[test]

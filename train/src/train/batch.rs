@@ -68,6 +68,9 @@ pub struct Batch {
     pub decoder_output: Tensor,
     /// 1.0 where `decoder_output` is not padding.
     pub target_mask: Tensor,
+    /// `[batch]` u32: the length a length-aware decoder is asked for, the reference's
+    /// subword count (EOS not counted) unless [`Batch::add_length_noise`] moved it.
+    pub target_lengths: Tensor,
     pub source_tokens: usize,
     pub target_tokens: usize,
 }
@@ -115,7 +118,9 @@ impl Batch {
         let (source_ids, source_mask) = pad_rows(&sources, device)?;
         let (decoder_input, _) = pad_rows(&inputs, device)?;
         let (decoder_output, target_mask) = pad_rows(&outputs, device)?;
+        let lengths: Vec<u32> = examples.iter().map(|e| e.target.len() as u32).collect();
         Ok(Self {
+            target_lengths: Tensor::new(lengths, device)?,
             source_ids,
             source_mask,
             decoder_input,
@@ -124,6 +129,26 @@ impl Batch {
             source_tokens: sources.iter().map(Vec::len).sum(),
             target_tokens: outputs.iter().map(Vec::len).sum(),
         })
+    }
+}
+
+impl Batch {
+    /// Oka et al.'s noise: every row's asked length moves by an integer drawn uniformly
+    /// from `-noise..=noise`, staying at least 1, so the decoder learns that the length it
+    /// is given is approximate (as a predicted one is).
+    pub fn add_length_noise(&mut self, noise: usize, rng: &mut impl Rng) -> Result<()> {
+        if noise == 0 {
+            return Ok(());
+        }
+        let noise = noise as i64;
+        let lengths: Vec<u32> = self
+            .target_lengths
+            .to_vec1::<u32>()?
+            .into_iter()
+            .map(|len| (len as i64 + rng.gen_range(-noise..=noise)).max(1) as u32)
+            .collect();
+        self.target_lengths = Tensor::new(lengths, self.target_lengths.device())?;
+        Ok(())
     }
 }
 
@@ -173,6 +198,35 @@ mod tests {
             batch.target_mask.to_vec2::<f32>().unwrap(),
             vec![vec![1.0, 1.0, 0.0], vec![1.0, 1.0, 1.0]]
         );
+        assert_eq!(batch.target_lengths.to_vec1::<u32>().unwrap(), vec![1, 2]);
         assert_eq!((batch.source_tokens, batch.target_tokens), (5, 5));
+    }
+
+    #[test]
+    fn length_noise_stays_in_range_reaches_both_ends_and_keeps_lengths_positive() {
+        let examples: Vec<Example> = (0..400)
+            .map(|n| Example::new(vec![5], vec![6; 1 + n % 10]))
+            .collect();
+        let rows: Vec<&Example> = examples.iter().collect();
+        let mut batch = Batch::new(&rows, &Device::Cpu).unwrap();
+        let exact = batch.target_lengths.to_vec1::<u32>().unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+        batch.add_length_noise(2, &mut rng).unwrap();
+        let noisy = batch.target_lengths.to_vec1::<u32>().unwrap();
+        let moves: Vec<i64> = exact
+            .iter()
+            .zip(&noisy)
+            .map(|(&e, &n)| n as i64 - e as i64)
+            .collect();
+        assert!(noisy.iter().all(|&n| n >= 1));
+        for (&e, &m) in exact.iter().zip(&moves) {
+            assert!(
+                (-2..=2).contains(&m) || (e as i64 + m == 1),
+                "{e} moved {m}"
+            );
+        }
+        for m in -2..=2 {
+            assert!(moves.contains(&m), "no move of {m}");
+        }
     }
 }

@@ -38,8 +38,9 @@ pub struct TrainArgs {
     pub tokenizer: PathBuf,
     /// Model preset: transformer, transformer-learned, rel-transformer, rel-keys,
     /// rel-sinusoidal, rel-absolute, rnn-transformer, rr-transformer, lstm-pe, rpe-head,
-    /// mpr-head or rnn-nmt (docs/model-package.md, "Variants"); each also as `<name>-tiny`
-    /// (d_model 32, for tests).
+    /// mpr-head, rnn-nmt, or a length-aware decoder: ldpe, ldpe-noise2, ldpe-noise4, lrpe,
+    /// lrpe-noise2, lrpe-noise4, rel-ldpe (docs/model-package.md, "Variants"); each also as
+    /// `<name>-tiny` (d_model 32, for tests).
     #[arg(long, default_value = "transformer")]
     pub preset: String,
     /// Run directory: checkpoints go to OUT/last and OUT/best.
@@ -204,6 +205,7 @@ pub fn dev_loss(
             &batch.source_ids,
             &batch.source_mask,
             &batch.decoder_input,
+            Some(&batch.target_lengths),
             &off,
         )?;
         let (_, sum) =
@@ -363,12 +365,18 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
                 .iter()
                 .map(|&i| &train_set[i])
                 .collect();
-            let batch = Batch::new(&rows, &device)?;
+            let mut batch = Batch::new(&rows, &device)?;
+            // Drawn from (seed, step) like the dropout masks, so a resumed run replays.
+            let mut noise_rng = SmallRng::seed_from_u64(
+                state.seed ^ (state.step as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+            );
+            batch.add_length_noise(config.length_noise, &mut noise_rng)?;
             let dropout = Dropout::new(config.dropout, state.seed.wrapping_add(state.step as u64));
             let logits = model.forward(
                 &batch.source_ids,
                 &batch.source_mask,
                 &batch.decoder_input,
+                Some(&batch.target_lengths),
                 &dropout,
             )?;
             let (loss, nll_sum) = label_smoothed_loss(
