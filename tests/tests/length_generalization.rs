@@ -228,6 +228,8 @@ fn train_and_export(work: &Path, preset: &'static str) -> Trained {
         keep_snapshots: 0,
         max_len: 64,
         train_limit: None,
+        joined_fraction: 0.0,
+        init_from: None,
         dev_limit: DEV_PAIRS,
         seed: TRAIN_SEED,
         quiet: true,

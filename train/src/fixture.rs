@@ -62,6 +62,8 @@ pub fn tiny_run_with(dir: &Path, preset: &str, steps: usize) -> anyhow::Result<T
         keep_snapshots: 0,
         max_len: 96,
         train_limit: None,
+        joined_fraction: 0.0,
+        init_from: None,
         dev_limit: 64,
         seed: 1,
         quiet: true,

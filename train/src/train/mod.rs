@@ -95,6 +95,21 @@ pub struct TrainArgs {
     /// Use only the first N training pairs (tests, quick experiments).
     #[arg(long)]
     pub train_limit: Option<usize>,
+    /// Add this fraction (of the training pairs) of long examples, each 2 to 4 training
+    /// pairs joined into one (sources and targets joined alike), so the model sees inputs
+    /// longer than one verse. Pairs two lines apart are joined: the corpus alternates its
+    /// two English versions, so these are consecutive verses of one version. Raise
+    /// `--max-len` with it, or the joined pairs are dropped.
+    #[arg(long, default_value_t = 0.0)]
+    #[serde(default)]
+    pub joined_fraction: f64,
+    /// Start a new run (fresh optimizer, step 0) from the weights of this checkpoint
+    /// directory instead of random ones: fine-tuning with other data or a decoder that reads
+    /// the same weights differently (e.g. `rel-transformer` weights into `rel-ldpe`, whose
+    /// length encoding has no parameters).
+    #[arg(long, conflicts_with = "resume")]
+    #[serde(default)]
+    pub init_from: Option<PathBuf>,
     /// Use only the first N dev pairs for the dev loss.
     #[arg(long, default_value_t = 1000)]
     pub dev_limit: usize,
@@ -120,6 +135,27 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let report = train(&args)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// `round(fraction * n)` long pairs, each 2 to 4 of `pairs` two lines apart joined with a
+/// space, drawn from `seed` (the same on every resume).
+pub fn joined_pairs(pairs: &[(String, String)], fraction: f64, seed: u64) -> Vec<(String, String)> {
+    let count = (fraction * pairs.len() as f64).round() as usize;
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x6A09_E667_F3BC_C908);
+    (0..count)
+        .filter_map(|_| {
+            let parts = rng.gen_range(2..=4usize);
+            let span = 2 * (parts - 1);
+            if pairs.len() <= span {
+                return None;
+            }
+            let start = rng.gen_range(0..pairs.len() - span);
+            let chosen = (0..parts).map(|i| &pairs[start + 2 * i]);
+            let (en, es): (Vec<&str>, Vec<&str>) =
+                chosen.map(|(en, es)| (en.as_str(), es.as_str())).unzip();
+            Some((en.join(" "), es.join(" ")))
+        })
+        .collect()
 }
 
 /// Tokenizes a split into examples, dropping pairs longer than `max_len` subwords.
@@ -280,6 +316,8 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
     if let Some(limit) = args.train_limit {
         train_pairs.truncate(limit);
     }
+    let joined = joined_pairs(&train_pairs, args.joined_fraction, args.seed);
+    train_pairs.extend(joined);
     let mut dev_pairs = crate::corpus::read_parallel(&args.corpus, "dev")?;
     dev_pairs.truncate(args.dev_limit);
     let train_set = encode_pairs(&tokenizer, &train_pairs, args.max_len)?;
@@ -322,7 +360,12 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         )?;
         state
     } else {
-        initialise(&varmap, config.d_model, args.seed)?;
+        match &args.init_from {
+            Some(dir) => varmap
+                .load(dir.join(checkpoint::WEIGHTS_FILE))
+                .with_context(|| format!("--init-from {}", dir.display()))?,
+            None => initialise(&varmap, config.d_model, args.seed)?,
+        }
         TrainerState {
             seed: args.seed,
             corpus: args.corpus.display().to_string(),
@@ -481,6 +524,24 @@ fn evaluate(
 mod tests {
     use super::*;
     use clap::Args;
+
+    #[test]
+    fn joined_pairs_join_aligned_pairs_two_lines_apart() {
+        let pairs: Vec<(String, String)> = (0..40)
+            .map(|i| (format!("e{i}"), format!("s{i}")))
+            .collect();
+        let joined = joined_pairs(&pairs, 0.5, 7);
+        assert_eq!(joined.len(), 20);
+        assert_eq!(joined, joined_pairs(&pairs, 0.5, 7), "seeded");
+        for (en, es) in &joined {
+            let en: Vec<usize> = en.split(' ').map(|w| w[1..].parse().unwrap()).collect();
+            let es: Vec<usize> = es.split(' ').map(|w| w[1..].parse().unwrap()).collect();
+            assert_eq!(en, es, "sources and targets joined alike");
+            assert!((2..=4).contains(&en.len()), "{en:?}");
+            assert!(en.windows(2).all(|w| w[1] == w[0] + 2), "{en:?}");
+        }
+        assert!(joined_pairs(&pairs, 0.0, 7).is_empty());
+    }
 
     #[test]
     fn preset_help_names_every_preset() {
