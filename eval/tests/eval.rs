@@ -1,4 +1,4 @@
-//! The real `nmt-eval` binary on the shipped package (`models/en-es-transformer`, or the
+//! The real `nmt-eval` binary on the shipped package (`models/en-es-rel-transformer`, or the
 //! directory in `NMT_TEST_PACKAGE`) over the first 20 test verses (Daniel 1:1-20) and the
 //! long-input groups built from them (`tests/fixtures/corpus`, copied from
 //! `nmt-train corpus` output). Needs ONNX Runtime (`source scripts/env.sh`) and python3 with
@@ -16,7 +16,7 @@ fn workspace() -> PathBuf {
 fn package() -> PathBuf {
     std::env::var_os("NMT_TEST_PACKAGE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("models/en-es-transformer"))
+        .unwrap_or_else(|| workspace().join("models/en-es-rel-transformer"))
 }
 
 fn fixture() -> PathBuf {
@@ -111,7 +111,7 @@ fn scores_are_sacrebleus_and_a_package_does_not_differ_from_itself() {
         assert_eq!(paired[metric]["significant"], false, "{paired}");
     }
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
-    assert!(md.contains("| en-es-transformer-2 |"), "{md}");
+    assert!(md.contains("| en-es-rel-transformer-2 |"), "{md}");
     for png in ["bleu_by_length.png", "length_ratio_by_length.png"] {
         let bytes = std::fs::read(out.path().join(png)).unwrap();
         assert!(bytes.starts_with(b"\x89PNG"), "{png}");
@@ -125,7 +125,7 @@ fn long_inputs_are_compared_with_their_verses_one_by_one() {
     let report = eval(
         out.path(),
         &["--package", package.to_str().unwrap(), "--limit", "8"],
-        &[],
+        &[("NMT_MAX_INPUT_TOKENS", "200")],
     );
     // The first 8 verses: 4 pairs, 2 quadruples and 1 octet.
     let concat = report["systems"][0]["concat"].as_array().unwrap();
@@ -143,10 +143,11 @@ fn long_inputs_are_compared_with_their_verses_one_by_one() {
         let delta = f64_at(c, "/concat/bleu/score") - f64_at(c, "/one_by_one/bleu/score");
         assert!((f64_at(c, "/bleu_delta") - delta).abs() < 1e-9, "{c}");
     }
-    // About 350 subwords: over the shipped model's own limit, refused as the server does.
+    // About 350 subwords: over the server's --max-input-tokens (200 here, from its
+    // environment variable), refused as the server does.
     let octet = &concat[2]["concat"];
     assert_eq!(octet["refused"], 1, "{octet}");
-    let hypotheses = std::fs::read_to_string(out.path().join("en-es-transformer/concat-8.hyp"));
+    let hypotheses = std::fs::read_to_string(out.path().join("en-es-rel-transformer/concat-8.hyp"));
     assert_eq!(hypotheses.unwrap(), "\n");
 }
 

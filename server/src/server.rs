@@ -41,7 +41,7 @@ pub struct Args {
         long,
         env = "NMT_MODEL_DIR",
         value_delimiter = ',',
-        default_value = "models/en-es-transformer"
+        default_value = "models/en-es-rel-transformer"
     )]
     pub model_dir: Vec<PathBuf>,
 

@@ -1,5 +1,5 @@
 //! Tests against a real model package, run through ONNX Runtime (`ORT_DYLIB_PATH`, see
-//! `scripts/env.sh`): the package that ships with the repo (`models/en-es-transformer`), or
+//! `scripts/env.sh`): the package that ships with the repo (`models/en-es-rel-transformer`), or
 //! the directory in `NMT_TEST_PACKAGE` (any export of `nmt-export`).
 
 mod common;
