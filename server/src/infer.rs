@@ -383,11 +383,12 @@ impl Infer {
                 )));
             }
             let source_ids = source_ids(&ids, model.eos_id);
+            let source_length = ids.len().clamp(1, max_output);
             let target = match request.target_length {
-                None if model.config.is_length_aware() => Some(ids.len().clamp(1, max_output)),
+                None if model.config.is_length_aware() => Some(source_length),
                 None => None,
                 Some(TargetLength::Tokens(n)) => Some(n),
-                Some(TargetLength::Source) => Some(ids.len().clamp(1, max_output)),
+                Some(TargetLength::Source) => Some(source_length),
                 Some(TargetLength::Auto) => unreachable!("refused above"),
             };
             let free_budget = limits.output_budget(ids.len(), max_output);

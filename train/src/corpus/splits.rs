@@ -89,14 +89,9 @@ pub fn build_splits(
     splits.dev.sort_by_key(|e| e.vref);
     splits.test.sort_by_key(|e| e.vref);
     train.sort_by_key(|(r, si, _)| (*r, *si));
-    let held: HashSet<String> = splits
-        .dev
-        .iter()
-        .chain(&splits.test)
-        .flat_map(|e| [overlap_key(&e.en), overlap_key(&e.es)])
-        .collect();
+    let held = held_out_keys(&splits);
     for (_, _, ex) in train {
-        if held.contains(&overlap_key(&ex.en)) || held.contains(&overlap_key(&ex.es)) {
+        if repeats_held_out(&held, &ex) {
             splits.dropped_overlap += 1;
         } else {
             splits.train.push(ex);
@@ -105,20 +100,27 @@ pub fn build_splits(
     splits
 }
 
-/// Checks on the real data the property the splits promise: no training pair repeats a
-/// held-out verse or comes from a held-out book, and dev and test are not empty.
-pub fn check_splits(splits: &Splits, dev_books: &[usize], test_books: &[usize]) -> Result<()> {
-    let held: HashSet<String> = splits
+/// The overlap keys of both sides of every dev and test verse.
+fn held_out_keys(splits: &Splits) -> HashSet<String> {
+    splits
         .dev
         .iter()
         .chain(&splits.test)
         .flat_map(|e| [overlap_key(&e.en), overlap_key(&e.es)])
-        .collect();
+        .collect()
+}
+
+/// Whether either side of `e` repeats a held-out verse (up to case and punctuation).
+fn repeats_held_out(held: &HashSet<String>, e: &Example) -> bool {
+    held.contains(&overlap_key(&e.en)) || held.contains(&overlap_key(&e.es))
+}
+
+/// Checks on the real data the property the splits promise: no training pair repeats a
+/// held-out verse or comes from a held-out book, and dev and test are not empty.
+pub fn check_splits(splits: &Splits, dev_books: &[usize], test_books: &[usize]) -> Result<()> {
+    let held = held_out_keys(splits);
     ensure!(
-        splits
-            .train
-            .iter()
-            .all(|e| !held.contains(&overlap_key(&e.en)) && !held.contains(&overlap_key(&e.es))),
+        !splits.train.iter().any(|e| repeats_held_out(&held, e)),
         "a training pair repeats a held-out verse"
     );
     ensure!(

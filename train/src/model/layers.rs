@@ -1,5 +1,6 @@
 //! The building blocks both families share: the one embedding table (source, target and
-//! output projection), sinusoidal positions and length encodings, layer normalisation, the feed-forward block,
+//! output projection), sinusoidal positions and length encodings, layer normalisation, the
+//! feed-forward block,
 //! residual connections and attention masks.
 
 use candle_core::{DType, Module, Result, Tensor};
@@ -34,7 +35,16 @@ pub(crate) fn sinusoid_of(values: &Tensor, d_model: usize) -> Result<Tensor> {
     let angles = values
         .reshape((n, 1))?
         .broadcast_mul(&inv.reshape((1, d_model / 2))?)?;
-    Tensor::stack(&[angles.sin()?, angles.cos()?], 2)?.reshape((n, d_model))
+    sin_cos(&angles)
+}
+
+/// Angles `[..., d/2]` -> `[..., d]`: the sine of angle `i` in dim `2i`, its cosine in
+/// `2i + 1`.
+fn sin_cos(angles: &Tensor) -> Result<Tensor> {
+    let mut dims = angles.dims().to_vec();
+    let last = dims.len() - 1;
+    dims[last] *= 2;
+    Tensor::stack(&[angles.sin()?, angles.cos()?], last + 1)?.reshape(dims)
 }
 
 /// Takase & Okazaki's length encodings of decoder positions `0..t` for rows asked for
@@ -66,12 +76,8 @@ pub fn length_encoding(
                 .log()?
                 .broadcast_mul(&exponents.reshape((1, d_model / 2))?)?
                 .exp()?;
-            let angles = positions.reshape((1, t, 1))?.broadcast_mul(&inv.reshape((
-                b,
-                1,
-                d_model / 2,
-            ))?)?;
-            Tensor::stack(&[angles.sin()?, angles.cos()?], 3)?.reshape((b, t, d_model))
+            let inv = inv.reshape((b, 1, d_model / 2))?;
+            sin_cos(&positions.reshape((1, t, 1))?.broadcast_mul(&inv)?)
         }
     }
 }
