@@ -119,6 +119,7 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
         files: Default::default(),
         training: serde_json::to_value(&state)?,
         evaluation,
+        length_prediction: None,
     };
     manifest.write(
         &args.out,

@@ -14,7 +14,10 @@ pub use config::{
     AbsolutePosition, Architecture, ConfigError, LengthEncoding, ModelConfig, NormPlacement,
     RecurrentPosition, RelativeAttention,
 };
-pub use manifest::{Dim, Limits, Manifest, ManifestError, StateSpec};
+pub use manifest::{
+    Dim, ExternalFile, LengthPrediction, LengthPredictorSpec, Limits, LinearFit, Manifest,
+    ManifestError, StateSpec,
+};
 
 /// File names inside a model package.
 pub mod files {

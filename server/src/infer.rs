@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
-use crate::decode::{DecodeInput, StopReason};
+use crate::decode::StopReason;
 use crate::error::ApiError;
+use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
 use crate::metrics::{input_length_bucket, Metrics};
 use crate::package::TextCodec;
 use crate::scheduler::{Finished, Translator};
@@ -38,25 +39,16 @@ pub struct RequestLimits {
     pub request_timeout: Duration,
 }
 
-/// The length a request asks for: a number of subword tokens, the source's length, or a
-/// predicted natural length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TargetLength {
-    Tokens(usize),
-    Source,
-    Auto,
-}
-
 /// A translation request as every transport delivers it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TranslateRequest {
     pub texts: Vec<String>,
     /// The model's name; `None` for the default model.
     pub model: Option<String>,
-    pub target_length: Option<TargetLength>,
+    pub length: LengthRequest,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Translation {
     /// The translated text.
     pub text: String,
@@ -64,13 +56,25 @@ pub struct Translation {
     pub source_tokens: usize,
     /// Subword tokens generated (EOS not counted).
     pub output_tokens: usize,
-    /// The target length used for this text, in subword tokens: the request's, or for a
-    /// length-aware model asked for none, the source's.
+    /// The target length this text was decoded for, in subword tokens; absent for free
+    /// decoding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_length: Option<usize>,
+    /// Where `target_length` came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_source: Option<LengthSource>,
+    /// The predicted natural length (subwords, unrounded), when a prediction was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_length: Option<f64>,
+    /// How `target_length` was met.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length_mode: Option<LengthMode>,
+    /// The output was longer than `max_chars` and was cut at the last word boundary that fits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TranslateResponse {
     /// The model that translated.
     pub model: String,
@@ -93,6 +97,8 @@ pub struct Model {
     pub max_source_tokens: Option<usize>,
     /// The model's own output bound (manifest `limits.max_target_tokens`).
     pub max_target_tokens: usize,
+    /// Whether its decoder plans a length, and how it predicts one.
+    pub length: LengthModel,
 }
 
 /// One entry of `GET /models`.
@@ -104,6 +110,22 @@ pub struct ModelInfo {
     pub target_language: String,
     pub variant: Variant,
     pub limits: ModelLimits,
+    /// Whether the decoder plans a translation of a given length (LDPE/LRPE), so that
+    /// `length_mode` `soft` can be used.
+    pub length_aware: bool,
+    /// What `target_length` `"auto"` uses.
+    pub length_prediction: PredictionKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PredictionKind {
+    /// The package's learned predictor (with the linear fit for sources too long for it).
+    Predictor,
+    /// A linear fit on the source length only.
+    LinearFit,
+    /// None: `"auto"` is refused (or, for a length-aware model, the source length is used).
+    None,
 }
 
 /// How a model knows positions (the preset and its switches).
@@ -176,13 +198,15 @@ pub fn source_ids(ids: &[u32], eos_id: u32) -> Vec<i64> {
         .collect()
 }
 
-/// A request that passed every check.
+/// A request that passed every check; each text's length is planned after (a prediction
+/// may be needed, which runs off the async runtime).
 pub struct ValidRequest<'a> {
     pub model: &'a Model,
-    pub inputs: Vec<DecodeInput>,
+    pub texts: Vec<String>,
+    /// Encoder input per text (EOS appended).
+    pub source_ids: Vec<Vec<i64>>,
     pub source_tokens: Vec<usize>,
-    /// Target length per text, when asked.
-    pub targets: Vec<Option<usize>>,
+    pub length: LengthRequest,
 }
 
 impl ValidRequest<'_> {
@@ -276,6 +300,14 @@ impl Infer {
                         input_limit_from,
                         max_output_tokens: limits.max_output(m.max_target_tokens),
                     },
+                    length_aware: m.length.length_aware,
+                    length_prediction: if m.length.predictor.is_some() {
+                        PredictionKind::Predictor
+                    } else if m.length.linear_fit.is_some() {
+                        PredictionKind::LinearFit
+                    } else {
+                        PredictionKind::None
+                    },
                 }
             })
             .collect()
@@ -300,7 +332,7 @@ impl Infer {
                 // Short enough for any model's input limit.
                 texts: vec!["Hello.".into()],
                 model: Some(name.clone()),
-                target_length: None,
+                length: LengthRequest::default(),
             })
             .await?;
             tracing::info!(model = %name, elapsed_ms = started.elapsed().as_millis() as u64, "warm-up translation done");
@@ -339,21 +371,9 @@ impl Infer {
             )));
         }
         let max_output = limits.max_output(model.max_target_tokens);
-        if let Some(TargetLength::Tokens(n)) = request.target_length {
-            if n == 0 || n > max_output {
-                return Err(ApiError::InvalidTargetLength(format!(
-                    "target_length {n} is outside 1..={max_output} (the output limit of model `{}`)",
-                    model.name
-                )));
-            }
-        }
-        if request.target_length == Some(TargetLength::Auto) {
-            return Err(ApiError::Unsupported(format!(
-                "target_length \"auto\" needs a length predictor, and model `{}` has none; \
-                 give a number of subword tokens or \"source\"",
-                model.name
-            )));
-        }
+        model
+            .length
+            .check(&request.length, &model.name, max_output)?;
         let (input_limit, source) = model.input_limit(limits);
         let limit_name = match source {
             LimitSource::Model => format!("the longest input model `{}` can take", model.name),
@@ -361,9 +381,10 @@ impl Infer {
         };
         let mut valid = ValidRequest {
             model,
-            inputs: Vec::with_capacity(texts.len()),
+            texts: Vec::new(),
+            source_ids: Vec::with_capacity(texts.len()),
             source_tokens: Vec::with_capacity(texts.len()),
-            targets: Vec::with_capacity(texts.len()),
+            length: request.length,
         };
         let _span = tracing::info_span!("tokenize", texts = texts.len()).entered();
         for (i, text) in texts.iter().enumerate() {
@@ -382,42 +403,10 @@ impl Infer {
                     ids.len()
                 )));
             }
-            let source_ids = source_ids(&ids, model.eos_id);
-            let source_length = ids.len().clamp(1, max_output);
-            let target = match request.target_length {
-                None if model.config.is_length_aware() => Some(source_length),
-                None => None,
-                Some(TargetLength::Tokens(n)) => Some(n),
-                Some(TargetLength::Source) => Some(source_length),
-                Some(TargetLength::Auto) => unreachable!("refused above"),
-            };
-            let free_budget = limits.output_budget(ids.len(), max_output);
-            let input = match target {
-                // A length-aware decoder plans the length itself (its length encoding is
-                // fed the target); the budget only stops a runaway row.
-                Some(n) if model.config.is_length_aware() => DecodeInput {
-                    target_length: Some(n),
-                    ..DecodeInput::new(
-                        source_ids,
-                        free_budget
-                            .max(n + limits.max_length_offset)
-                            .min(max_output),
-                    )
-                },
-                // A model without length encodings meets the target by decoding: EOS is
-                // banned before it and the row stops at it.
-                Some(n) => DecodeInput {
-                    source_ids,
-                    min_output_tokens: n,
-                    max_output_tokens: n,
-                    target_length: None,
-                },
-                None => DecodeInput::new(source_ids, free_budget),
-            };
-            valid.inputs.push(input);
+            valid.source_ids.push(source_ids(&ids, model.eos_id));
             valid.source_tokens.push(ids.len());
-            valid.targets.push(target);
         }
+        valid.texts = texts;
         Ok(valid)
     }
 
@@ -437,7 +426,7 @@ impl Infer {
     async fn run(&self, request: TranslateRequest) -> Result<TranslateResponse, ApiError> {
         let arrived = Instant::now();
         let timeout = self.inner.limits.request_timeout;
-        let mut valid = self.validate(request)?;
+        let valid = self.validate(request)?;
         let model = valid.model;
         let bucket = valid.input_length_bucket();
         let metrics = &self.inner.metrics;
@@ -448,24 +437,24 @@ impl Infer {
                 .with_label_values(&[&model.name])
                 .observe(n as f64);
         }
-        // The worker owns the inputs; the answer needs only the counts and targets.
-        let inputs = std::mem::take(&mut valid.inputs);
-        let remaining = timeout.saturating_sub(arrived.elapsed());
-        let outcome = tokio::time::timeout(remaining, model.translator.translate(inputs)).await;
-        let result = match outcome {
-            Err(_) => Err(ApiError::Timeout(format!(
-                "no answer within the request timeout of {:.1} s; the request was withdrawn",
-                timeout.as_secs_f64()
-            ))),
-            Ok(Err(e)) => Err(ApiError::from(e)),
-            Ok(Ok(finished)) => {
-                self.record(&valid, bucket, &finished);
-                let span = tracing::info_span!("detokenize");
-                async { self.respond(&valid, finished) }
-                    .instrument(span)
-                    .await
-            }
+        let work = async {
+            let plans = self.plan_lengths(&valid).await?;
+            let finished = self.decode(&valid, &plans).await?;
+            self.record(&valid, bucket, &finished, &plans);
+            let span = tracing::info_span!("detokenize");
+            let response = async { self.respond(&valid, &plans, finished) }
+                .instrument(span)
+                .await?;
+            self.fit_chars(&valid, plans, response).await
         };
+        let result =
+            match tokio::time::timeout(timeout.saturating_sub(arrived.elapsed()), work).await {
+                Err(_) => Err(ApiError::Timeout(format!(
+                    "no answer within the request timeout of {:.1} s; the request was withdrawn",
+                    timeout.as_secs_f64()
+                ))),
+                Ok(result) => result,
+            };
         metrics
             .request_duration
             .with_label_values(&labels)
@@ -473,7 +462,122 @@ impl Infer {
         result
     }
 
-    fn record(&self, valid: &ValidRequest<'_>, bucket: &str, finished: &Finished) {
+    /// Each text's length plan, with predictions where the request needs them.
+    async fn plan_lengths(&self, valid: &ValidRequest<'_>) -> Result<Vec<LengthPlan>, ApiError> {
+        let model = valid.model;
+        let max_output = self.inner.limits.max_output(model.max_target_tokens);
+        let predicted = if length::needs_prediction(&valid.length, &model.length) {
+            // The predictor is a neural network: keep it off the async runtime's threads.
+            let (infer, name) = (self.clone(), model.name.clone());
+            let (texts, tokens) = (valid.texts.clone(), valid.source_tokens.clone());
+            let span = tracing::info_span!("predict_length", texts = texts.len());
+            tokio::task::spawn_blocking(move || {
+                let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+                infer.inner.models[&name].length.predict(&texts, &tokens)
+            })
+            .instrument(span)
+            .await
+            .map_err(|e| ApiError::Internal(format!("the length predictor task failed: {e}")))?
+            .map_err(|e| ApiError::Internal(format!("predicting lengths: {e:#}")))?
+        } else {
+            vec![None; valid.texts.len()]
+        };
+        Ok(valid
+            .source_tokens
+            .iter()
+            .zip(predicted)
+            .map(|(&n, p)| length::plan(&valid.length, &model.length, n, p, max_output))
+            .collect())
+    }
+
+    /// Queues the texts under `plans` and waits for the model.
+    async fn decode(
+        &self,
+        valid: &ValidRequest<'_>,
+        plans: &[LengthPlan],
+    ) -> Result<Finished, ApiError> {
+        let model = valid.model;
+        let limits = &self.inner.limits;
+        let max_output = limits.max_output(model.max_target_tokens);
+        let inputs = valid
+            .source_ids
+            .iter()
+            .zip(&valid.source_tokens)
+            .zip(plans)
+            .map(|((ids, &tokens), plan)| {
+                length::decode_input(
+                    ids.clone(),
+                    tokens,
+                    plan,
+                    valid.length.mode,
+                    model.length.length_aware,
+                    limits,
+                    max_output,
+                )
+            })
+            .collect();
+        Ok(model.translator.translate(inputs).await?)
+    }
+
+    /// Meets `max_chars`: texts over it are decoded once more for proportionally fewer
+    /// subwords, and whatever is still over is cut at the last word boundary that fits.
+    async fn fit_chars(
+        &self,
+        valid: &ValidRequest<'_>,
+        plans: Vec<LengthPlan>,
+        mut response: TranslateResponse,
+    ) -> Result<TranslateResponse, ApiError> {
+        let Some(max_chars) = valid.length.max_chars else {
+            return Ok(response);
+        };
+        let chars = |t: &Translation| t.text.chars().count();
+        let over: Vec<usize> = (0..response.translations.len())
+            .filter(|&i| chars(&response.translations[i]) > max_chars)
+            .collect();
+        if !over.is_empty() {
+            let retry = ValidRequest {
+                model: valid.model,
+                texts: over.iter().map(|&i| valid.texts[i].clone()).collect(),
+                source_ids: over.iter().map(|&i| valid.source_ids[i].clone()).collect(),
+                source_tokens: over.iter().map(|&i| valid.source_tokens[i]).collect(),
+                length: valid.length,
+            };
+            let retry_plans: Vec<LengthPlan> = over
+                .iter()
+                .map(|&i| {
+                    let t = &response.translations[i];
+                    let scaled = t.output_tokens * max_chars / chars(t).max(1);
+                    LengthPlan {
+                        target: Some(scaled.clamp(1, t.output_tokens.saturating_sub(1).max(1))),
+                        source: Some(LengthSource::MaxChars),
+                        ..plans[i]
+                    }
+                })
+                .collect();
+            let finished = self.decode(&retry, &retry_plans).await?;
+            let retried = self.respond(&retry, &retry_plans, finished)?;
+            for (&i, t) in over.iter().zip(retried.translations) {
+                if chars(&t) < chars(&response.translations[i]) {
+                    response.translations[i] = t;
+                }
+            }
+        }
+        for t in &mut response.translations {
+            if let Some(cut) = length::cut_to_chars(&t.text, max_chars) {
+                t.text = cut;
+                t.truncated = true;
+            }
+        }
+        Ok(response)
+    }
+
+    fn record(
+        &self,
+        valid: &ValidRequest<'_>,
+        bucket: &str,
+        finished: &Finished,
+        plans: &[LengthPlan],
+    ) {
         let metrics = &self.inner.metrics;
         let name = valid.model.name.as_str();
         metrics
@@ -484,11 +588,11 @@ impl Infer {
             .inference_duration
             .with_label_values(&[name, bucket])
             .observe(finished.inference_time.as_secs_f64());
-        for ((sequence, &source), target) in finished
+        for ((sequence, &source), plan) in finished
             .sequences
             .iter()
             .zip(&valid.source_tokens)
-            .zip(&valid.targets)
+            .zip(plans)
         {
             let produced = sequence.output.ids.len();
             metrics
@@ -501,11 +605,11 @@ impl Infer {
                     .with_label_values(&[name, input_length_bucket(source)])
                     .observe(sequence.decode_time.as_secs_f64() / produced as f64);
             }
-            if let Some(asked) = target {
+            if let Some(asked) = plan.target {
                 metrics
                     .length_deviation
                     .with_label_values(&[name])
-                    .observe(produced as f64 - *asked as f64);
+                    .observe(produced as f64 - asked as f64);
             }
         }
     }
@@ -513,28 +617,33 @@ impl Infer {
     fn respond(
         &self,
         valid: &ValidRequest<'_>,
+        plans: &[LengthPlan],
         finished: Finished,
     ) -> Result<TranslateResponse, ApiError> {
         let translations = finished
             .sequences
             .into_iter()
             .zip(&valid.source_tokens)
-            .zip(&valid.targets)
+            .zip(plans)
             .enumerate()
-            .map(|(i, ((sequence, &source_tokens), &target_length))| {
+            .map(|(i, ((sequence, &source_tokens), plan))| {
                 let text = valid
                     .model
                     .codec
                     .decode(&sequence.output.ids)
                     .map_err(|e| ApiError::Internal(format!("detokenizing text {i}: {e}")))?;
-                if sequence.output.stop == StopReason::MaxLength && target_length.is_none() {
+                if sequence.output.stop == StopReason::MaxLength && plan.target.is_none() {
                     tracing::debug!(text = i, "stopped at the length bound without EOS");
                 }
                 Ok(Translation {
                     text,
                     source_tokens,
                     output_tokens: sequence.output.ids.len(),
-                    target_length,
+                    target_length: plan.target,
+                    length_source: plan.source,
+                    predicted_length: plan.predicted,
+                    length_mode: plan.target.map(|_| valid.length.mode),
+                    truncated: false,
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;

@@ -9,6 +9,8 @@
 //!   against [`backend::Backend`] only.
 //! - [`scheduler`]: the model's own thread, its queue, and continuous batching.
 //! - [`infer`]: the service whatever the transport: validation, timeouts, metrics.
+//! - [`length`]: length control (target lengths, modes, `max_chars`) and
+//!   [`predictor`], the package's learned length predictor.
 //! - [`http`]: the JSON API over axum, [`http::app`].
 //! - [`grpc`]: the gRPC API over tonic (`proto/translate.proto`), [`grpc::serve`].
 //! - [`metrics`]: the Prometheus metrics.
@@ -21,9 +23,11 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod infer;
+pub mod length;
 pub mod metrics;
 pub mod onnx;
 pub mod package;
+pub mod predictor;
 pub mod scheduler;
 pub mod server;
 pub mod tensor;

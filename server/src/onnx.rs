@@ -98,7 +98,7 @@ impl Default for SessionOptions {
 }
 
 /// A session builder with the options applied, and the execution provider it got.
-fn session_builder(
+pub(crate) fn session_builder(
     env: &Environment,
     options: &SessionOptions,
 ) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {

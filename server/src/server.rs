@@ -14,6 +14,7 @@ use tracing_subscriber::EnvFilter;
 use crate::decode::SpecialIds;
 use crate::http::app;
 use crate::infer::{Infer, Model, RequestLimits};
+use crate::length::LengthModel;
 use crate::metrics::Metrics;
 use crate::onnx::{self, Device, OrtBackend, SessionOptions};
 use crate::package::{ModelPackage, TextCodec};
@@ -232,15 +233,12 @@ fn load_model(
 ) -> anyhow::Result<Model> {
     let package = ModelPackage::load(dir)?;
     let manifest = &package.manifest;
-    let backend = OrtBackend::load(
-        env,
-        &package.dir,
-        manifest,
-        &SessionOptions {
-            intra_op_threads: args.intra_op_threads,
-            device: args.device,
-        },
-    )?;
+    let options = SessionOptions {
+        intra_op_threads: args.intra_op_threads,
+        device: args.device,
+    };
+    let backend = OrtBackend::load(env, &package.dir, manifest, &options)?;
+    let length = LengthModel::load(env, &package.dir, manifest, &options)?;
     let execution_provider = backend.execution_provider();
     let special = SpecialIds {
         bos: manifest.bos_id,
@@ -260,6 +258,8 @@ fn load_model(
         target_language = %manifest.target_language,
         dir = %package.dir.display(),
         execution_provider,
+        length_aware = length.length_aware,
+        length_predictor = length.predictor.is_some(),
         batching = ?scheduler.batching,
         max_batch_size = scheduler.max_batch_size,
         "model loaded"
@@ -274,6 +274,7 @@ fn load_model(
         eos_id: manifest.eos_id,
         max_source_tokens: model_input_limit(manifest),
         max_target_tokens: manifest.limits.max_target_tokens,
+        length,
     })
 }
 

@@ -75,7 +75,7 @@ async fn translations_match_the_service_and_http() {
         .translate(TranslateRequest {
             texts,
             model: None,
-            target_length: None,
+            length: Default::default(),
         })
         .await
         .unwrap();
@@ -107,6 +107,7 @@ async fn a_target_length_is_met_and_reported() {
     let mut client = client().await;
     let asked = proto::TranslateRequest {
         target_length: Some(ProtoTargetLength::Tokens(5)),
+        length_mode: proto::LengthMode::Exact as i32,
         ..request(&TEXTS)
     };
     let response = client.translate(asked).await.unwrap().into_inner();
@@ -116,6 +117,7 @@ async fn a_target_length_is_met_and_reported() {
 
     let source = proto::TranslateRequest {
         target_length: Some(ProtoTargetLength::Mode(TargetLengthMode::Source as i32)),
+        length_mode: proto::LengthMode::Exact as i32,
         ..request(&TEXTS)
     };
     let response = client.translate(source).await.unwrap().into_inner();
@@ -273,6 +275,7 @@ async fn shutdown_lets_calls_in_flight_finish() {
 
     let long = proto::TranslateRequest {
         target_length: Some(ProtoTargetLength::Tokens(200)),
+        length_mode: proto::LengthMode::Exact as i32,
         ..request(&TEXTS)
     };
     let in_flight = tokio::spawn(async move { client.translate(long).await });

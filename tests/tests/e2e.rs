@@ -243,6 +243,7 @@ async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
     let body = json!({
         "text": ["And Ruth said,", "Jonah prayed.", "The sea grew calm.", "Naomi wept."],
         "target_length": 60,
+        "length_mode": "exact",
     });
     let requests: Vec<_> = (0..8)
         .map(|_| {

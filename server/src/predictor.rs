@@ -1,0 +1,148 @@
+//! The learned length predictor of a package (a BERT encoder with a regression head, in its
+//! own ONNX graph and with its own WordPiece tokenizer): the natural target length of a
+//! source, which `"auto"` asks for and a length-aware decoder is fed by default.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use anyhow::{anyhow, bail, Context};
+use model_package::{manifest::sha256_file, names, LengthPredictorSpec};
+use ort::environment::Environment;
+use ort::session::Session;
+use ort::value::Tensor;
+use tokenizers::Tokenizer;
+
+use crate::onnx::{session_builder, SessionOptions};
+
+pub struct LengthPredictor {
+    // ONNX Runtime runs one call at a time per session here; predictions are short next to
+    // decoding, so requests share it rather than each model worker owning one.
+    session: Mutex<Session>,
+    tokenizer: Tokenizer,
+    max_input_tokens: usize,
+}
+
+/// Why a package's predictor was not loaded although the manifest lists one.
+#[derive(Debug, thiserror::Error)]
+pub enum PredictorError {
+    /// Its pretrained files are not installed next to the package: serve without it.
+    #[error(
+        "{path} is missing ({source_hint}); install it with scripts/install-length-predictor.sh"
+    )]
+    NotInstalled { path: String, source_hint: String },
+    /// Installed but wrong, or the graph does not load: a broken package.
+    #[error(transparent)]
+    Broken(#[from] anyhow::Error),
+}
+
+impl LengthPredictor {
+    /// Opens the predictor of the package in `dir`, after checking that every external file
+    /// it reads is installed and is the file it was exported against.
+    pub fn load(
+        env: &Environment,
+        dir: &Path,
+        spec: &LengthPredictorSpec,
+        options: &SessionOptions,
+    ) -> Result<Self, PredictorError> {
+        for file in &spec.external_files {
+            let path = dir.join(&file.path);
+            if !path.is_file() {
+                return Err(PredictorError::NotInstalled {
+                    path: path.display().to_string(),
+                    source_hint: file.source.clone(),
+                });
+            }
+            let actual = sha256_file(&path).map_err(anyhow::Error::from)?;
+            if actual != file.sha256 {
+                return Err(anyhow!(
+                    "{}: sha256 {actual} is not the {} the predictor was exported against ({})",
+                    path.display(),
+                    file.sha256,
+                    file.source
+                )
+                .into());
+            }
+        }
+        let tokenizer_path = dir.join(&spec.tokenizer);
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| anyhow!("loading {}: {e}", tokenizer_path.display()))?;
+        let graph = dir.join(&spec.graph);
+        let (mut builder, _) = session_builder(env, options)?;
+        let session = builder
+            .commit_from_file(&graph)
+            .map_err(|e| anyhow!("loading {}: {e}", graph.display()))?;
+        let has = |ports: &[ort::value::Outlet], name: &str| ports.iter().any(|p| p.name() == name);
+        for input in [names::PREDICTOR_INPUT_IDS, names::PREDICTOR_ATTENTION_MASK] {
+            if !has(session.inputs(), input) {
+                return Err(anyhow!("{} has no input `{input}`", graph.display()).into());
+            }
+        }
+        if !has(session.outputs(), names::PREDICTED_LENGTHS) {
+            return Err(anyhow!(
+                "{} has no output `{}`",
+                graph.display(),
+                names::PREDICTED_LENGTHS
+            )
+            .into());
+        }
+        Ok(LengthPredictor {
+            session: Mutex::new(session),
+            tokenizer,
+            max_input_tokens: spec.max_input_tokens,
+        })
+    }
+
+    /// The predicted target length of each text (target subwords, EOS not counted,
+    /// unrounded); `None` for a text longer than the predictor takes.
+    pub fn predict(&self, texts: &[&str]) -> anyhow::Result<Vec<Option<f64>>> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| anyhow!("tokenizing for the length predictor: {e}"))?;
+        let fits: Vec<usize> = (0..texts.len())
+            .filter(|&i| encodings[i].get_ids().len() <= self.max_input_tokens)
+            .collect();
+        let mut predictions = vec![None; texts.len()];
+        if fits.is_empty() {
+            return Ok(predictions);
+        }
+        let len = fits
+            .iter()
+            .map(|&i| encodings[i].get_ids().len())
+            .max()
+            .unwrap_or(1);
+        let mut ids = vec![0i64; fits.len() * len];
+        let mut mask = vec![0i64; fits.len() * len];
+        for (row, &i) in fits.iter().enumerate() {
+            for (col, &id) in encodings[i].get_ids().iter().enumerate() {
+                ids[row * len + col] = i64::from(id);
+                mask[row * len + col] = 1;
+            }
+        }
+        let shape = [fits.len(), len];
+        let ids = Tensor::from_array((shape, ids))?;
+        let mask = Tensor::from_array((shape, mask))?;
+        let mut session = self
+            .session
+            .lock()
+            .map_err(|_| anyhow!("the length predictor session is poisoned"))?;
+        let outputs = session
+            .run(ort::inputs! {
+                names::PREDICTOR_INPUT_IDS => ids,
+                names::PREDICTOR_ATTENTION_MASK => mask,
+            })
+            .context("running the length predictor")?;
+        let (_, lengths) = outputs[names::PREDICTED_LENGTHS].try_extract_tensor::<f32>()?;
+        if lengths.len() != fits.len() {
+            bail!(
+                "the length predictor returned {} lengths for {} texts",
+                lengths.len(),
+                fits.len()
+            );
+        }
+        for (&i, &p) in fits.iter().zip(lengths) {
+            predictions[i] = p.is_finite().then_some(f64::from(p.max(1.0)));
+        }
+        Ok(predictions)
+    }
+}
