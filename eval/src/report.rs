@@ -41,6 +41,8 @@ pub struct Decoding {
     pub max_length_ratio: f64,
     pub max_length_offset: usize,
     pub beyond_input_limit: bool,
+    /// The length every test sentence asked for, as request fields (`None`: none).
+    pub length_ask: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -182,7 +184,11 @@ pub fn render_markdown(report: &Report) -> String {
         },
         report.sacrebleu.bootstrap_samples,
     );
+    if let Some(ask) = &report.decoding.length_ask {
+        let _ = writeln!(md, "Every test sentence asks for: {ask}.\n");
+    }
     overall_table(&mut md, report);
+    length_table(&mut md, report);
     for system in &report.systems {
         bucket_table(&mut md, system);
     }
@@ -232,6 +238,50 @@ fn overall_table(md: &mut String, report: &Report) {
             s.label,
             row_cells(&s.overall),
             s.sentences_per_second
+        );
+    }
+    let _ = writeln!(md);
+}
+
+/// Where outputs end and, for planned lengths, how close they came to the target.
+fn length_table(md: &mut String, report: &Report) {
+    let _ = writeln!(md, "## Length\n");
+    let _ = writeln!(
+        md,
+        "Ends in punctuation: the output's last character (closing quotes aside) is one of \
+         `. , ; : ! ?`. Against the target (output minus target subwords, for sentences \
+         decoded for one): mean, variance, shares at it and within ±1 and ±2; cut: outputs \
+         cut at a word boundary to meet `max_chars`.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| package | ends in punctuation | planned | Δtarget mean | Δtarget var | at target | ±1 | ±2 | cut | longest (chars) |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for s in &report.systems {
+        let c = &s.overall.counts;
+        let planned = match &c.length_control {
+            Some(l) => format!(
+                "{} | {:.2} | {:.2} | {} | {} | {} | {} | {}",
+                l.sentences,
+                l.diff_mean,
+                l.diff_variance,
+                pct(l.exact_share, c),
+                pct(l.within_1_share, c),
+                pct(l.within_2_share, c),
+                l.truncated,
+                l.max_chars_seen
+            ),
+            None => "0 | – | – | – | – | – | – | –".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {planned} |",
+            s.label,
+            pct(c.ends_in_punctuation_share, c)
         );
     }
     let _ = writeln!(md);
@@ -344,6 +394,8 @@ mod tests {
                 mean_source_subwords: 20.0,
                 subword_diff_mean: 1.5,
                 subword_diff_variance: 4.0,
+                ends_in_punctuation_share: 0.5,
+                length_control: None,
             },
             scores: Scores {
                 bleu: Metric {
@@ -433,6 +485,7 @@ mod tests {
                 max_length_ratio: 2.0,
                 max_length_offset: 10,
                 beyond_input_limit: false,
+                length_ask: None,
             },
             sacrebleu: SacrebleuInfo {
                 signatures: Signatures {

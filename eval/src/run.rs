@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::Args;
+use crate::cli::{Args, LengthModeArg, TargetLengthArg};
 use crate::data::{self, ConcatGroup, Parallel};
 use crate::engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
 use crate::report::{
@@ -18,6 +18,7 @@ use crate::report::{
 };
 use crate::sacrebleu::{self, Job, PairedSystem, Signatures};
 use crate::stats::{self, Counts};
+use nmt_server::length::{LengthMode, LengthRequest, TargetLength};
 
 /// The set to evaluate.
 struct EvalSet {
@@ -62,11 +63,14 @@ fn load_set(args: &Args) -> Result<EvalSet> {
     })
 }
 
-/// `--concat`, or the corpus's when the set is its test split and the file is there.
+/// `--concat`, or the corpus's when the set is its test split and the file is there. Not
+/// with a length ask: its one-by-one side reuses the main set's translations, which would
+/// then be length-controlled.
 fn load_concat(args: &Args) -> Result<Option<ConcatSet>> {
     let default = args.corpus.join("test-concat.tsv");
+    let length_ask = args.target_length.is_some() || args.max_chars.is_some();
     let path = match &args.concat {
-        _ if args.no_concat => return Ok(None),
+        _ if args.no_concat || length_ask => return Ok(None),
         Some(path) => path.clone(),
         None if args.source.is_none() && args.split == "test" && default.is_file() => default,
         None => return Ok(None),
@@ -120,6 +124,34 @@ fn subwords(engine: &Engine, texts: &[String]) -> Result<Vec<usize>> {
     texts.iter().map(|t| engine.count_subwords(t)).collect()
 }
 
+/// Each test sentence's length ask, from `--target-length`, `--length-mode`, `--max-chars`.
+fn length_requests(engine: &Engine, set: &EvalSet, args: &Args) -> Result<Vec<LengthRequest>> {
+    let mode = match args.length_mode {
+        LengthModeArg::Soft => LengthMode::Soft,
+        LengthModeArg::Exact => LengthMode::Exact,
+    };
+    let references = match args.target_length {
+        Some(TargetLengthArg::Reference) => subwords(engine, &set.data.references)?,
+        _ => Vec::new(),
+    };
+    Ok((0..set.data.len())
+        .map(|i| LengthRequest {
+            target: args.target_length.map(|t| match t {
+                TargetLengthArg::Source => TargetLength::Source,
+                TargetLengthArg::Auto => TargetLength::Auto,
+                TargetLengthArg::Reference => {
+                    let scaled = references[i] as f64 * args.reference_length_scale;
+                    TargetLength::Tokens(
+                        (scaled.round().max(1.0) as usize).min(engine.info.max_output_tokens),
+                    )
+                }
+            }),
+            mode,
+            max_chars: args.max_chars,
+        })
+        .collect())
+}
+
 fn decode(engine: &mut Engine, set: &EvalSet, args: &Args) -> Result<Decoded> {
     let concat_len = set
         .concat
@@ -127,7 +159,8 @@ fn decode(engine: &mut Engine, set: &EvalSet, args: &Args) -> Result<Decoded> {
         .map_or(0, |c| c.groups.len() + verse_count(c));
     let bar = progress_bar(set.data.len() + concat_len, &engine.info.name);
     let started = Instant::now();
-    let translations = engine.translate(&set.data.sources, args.batch_size, &bar)?;
+    let lengths = length_requests(engine, set, args)?;
+    let translations = engine.translate(&set.data.sources, &lengths, args.batch_size, &bar)?;
     let seconds = started.elapsed().as_secs_f64();
     let concat = match &set.concat {
         Some(c) => decode_concat(engine, c, set, &translations, args.batch_size, &bar)?,
@@ -154,7 +187,8 @@ fn decode_concat(
     bar: &ProgressBar,
 ) -> Result<Vec<DecodedConcat>> {
     let texts: Vec<String> = concat.groups.iter().map(|g| g.en.clone()).collect();
-    let joined = engine.translate(&texts, batch_size, bar)?;
+    let plain = vec![LengthRequest::default(); texts.len()];
+    let joined = engine.translate(&texts, &plain, batch_size, bar)?;
     let verses = verse_translations(engine, concat, set, main, batch_size, bar)?;
     let mut out = Vec::new();
     for n in data::group_sizes(&concat.groups) {
@@ -221,10 +255,12 @@ fn verse_translations(
         .iter()
         .map(|&v| concat.verses.sources[v].clone())
         .collect();
-    for (v, t) in missing
-        .into_iter()
-        .zip(engine.translate(&texts, batch_size, bar)?)
-    {
+    for (v, t) in missing.into_iter().zip(engine.translate(
+        &texts,
+        &vec![LengthRequest::default(); texts.len()],
+        batch_size,
+        bar,
+    )?) {
         verses[v] = Some(t);
     }
     Ok(verses)
@@ -247,6 +283,8 @@ fn join_verses(indices: &[usize], verses: &[Option<Translation>]) -> Translation
             .join(" "),
         source_tokens: parts.iter().map(|t| t.source_tokens).sum(),
         output_tokens: parts.iter().map(|t| t.output_tokens).sum(),
+        target_length: None,
+        truncated: false,
         outcome: if has(Outcome::Refused) {
             Outcome::Refused
         } else if has(Outcome::Budget) {
@@ -557,7 +595,34 @@ fn decoding(args: &Args) -> Result<Decoding> {
         max_length_ratio: limits.max_length_ratio,
         max_length_offset: limits.max_length_offset,
         beyond_input_limit: args.beyond_input_limit,
+        length_ask: length_ask(args),
     })
+}
+
+/// The length flags as the request fields they stand for.
+fn length_ask(args: &Args) -> Option<String> {
+    let mut fields = Vec::new();
+    match args.target_length {
+        Some(TargetLengthArg::Reference) => fields.push(format!(
+            "`target_length` = {} × the reference's subwords",
+            args.reference_length_scale
+        )),
+        Some(TargetLengthArg::Source) => fields.push("`target_length` \"source\"".into()),
+        Some(TargetLengthArg::Auto) => fields.push("`target_length` \"auto\"".into()),
+        None => {}
+    }
+    if let Some(n) = args.max_chars {
+        fields.push(format!("`max_chars` {n}"));
+    }
+    if fields.is_empty() {
+        return None;
+    }
+    let mode = match args.length_mode {
+        LengthModeArg::Soft => "soft",
+        LengthModeArg::Exact => "exact",
+    };
+    fields.push(format!("`length_mode` {mode}"));
+    Some(fields.join(", "))
 }
 
 fn check_version(signatures: &Signatures) {

@@ -63,6 +63,73 @@ pub struct Counts {
     pub subword_diff_mean: f64,
     /// Population variance of the same differences.
     pub subword_diff_variance: f64,
+    /// Share of outputs whose last character (closing quotes and brackets aside) is
+    /// punctuation (`. , ; : ! ?`): outputs that end where a clause can end.
+    pub ends_in_punctuation_share: f64,
+    /// How well planned lengths were met; `None` when no sentence had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length_control: Option<LengthControl>,
+}
+
+/// Output length against the target length each sentence was decoded for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LengthControl {
+    /// Sentences decoded for a target length.
+    pub sentences: usize,
+    /// Mean of output minus target subwords.
+    pub diff_mean: f64,
+    /// Population variance of output minus target subwords.
+    pub diff_variance: f64,
+    /// Share exactly at the target, within +/-1 and within +/-2 subwords.
+    pub exact_share: f64,
+    pub within_1_share: f64,
+    pub within_2_share: f64,
+    /// Outputs cut at a word boundary to meet `max_chars`.
+    pub truncated: usize,
+    /// Longest output in characters.
+    pub max_chars_seen: usize,
+}
+
+/// Whether `text` ends in punctuation, closing quotes and brackets aside.
+pub fn ends_in_punctuation(text: &str) -> bool {
+    text.trim_end()
+        .trim_end_matches(['"', '\'', '»', '”', '’', ')', ']'])
+        .ends_with(['.', ',', ';', ':', '!', '?'])
+}
+
+fn length_control(decoded: &[(&Translation, usize)]) -> Option<LengthControl> {
+    let planned: Vec<(&Translation, usize)> = decoded
+        .iter()
+        .filter_map(|(t, _)| t.target_length.map(|n| (*t, n)))
+        .collect();
+    if planned.is_empty() {
+        return None;
+    }
+    let diffs: Vec<f64> = planned
+        .iter()
+        .map(|(t, n)| t.output_tokens as f64 - *n as f64)
+        .collect();
+    let (diff_mean, diff_variance) = mean_variance(&diffs);
+    let within = |k: f64| {
+        ratio(
+            diffs.iter().filter(|d| d.abs() <= k).count() as f64,
+            diffs.len() as f64,
+        )
+    };
+    Some(LengthControl {
+        sentences: planned.len(),
+        diff_mean,
+        diff_variance,
+        exact_share: within(0.0),
+        within_1_share: within(1.0),
+        within_2_share: within(2.0),
+        truncated: planned.iter().filter(|(t, _)| t.truncated).count(),
+        max_chars_seen: decoded
+            .iter()
+            .map(|(t, _)| t.text.chars().count())
+            .max()
+            .unwrap_or(0),
+    })
 }
 
 /// [`Counts`] of `translations`, given each one's reference length in subwords.
@@ -99,6 +166,13 @@ pub fn counts(translations: &[&Translation], reference_subwords: &[usize]) -> Co
         mean_source_subwords: mean_variance(&sources).0,
         subword_diff_mean: mean,
         subword_diff_variance: variance,
+        ends_in_punctuation_share: share(
+            decoded
+                .iter()
+                .filter(|(t, _)| ends_in_punctuation(&t.text))
+                .count(),
+        ),
+        length_control: length_control(&decoded),
     }
 }
 
@@ -128,6 +202,8 @@ mod tests {
             source_tokens,
             output_tokens: text.split_whitespace().count(),
             outcome,
+            target_length: None,
+            truncated: false,
         }
     }
 
@@ -178,5 +254,33 @@ mod tests {
         assert_eq!((c.subword_diff_mean, c.subword_diff_variance), (1.0, 1.0));
         assert!((c.mean_source_subwords - 310.0 / 3.0).abs() < 1e-9);
         assert_eq!(counts(&[], &[]).looping_share, 0.0);
+        assert_eq!(c.ends_in_punctuation_share, 0.0);
+        assert_eq!(c.length_control, None);
+    }
+
+    #[test]
+    fn planned_lengths_are_scored_against_their_targets() {
+        let planned = |text: &str, target| Translation {
+            target_length: Some(target),
+            ..translation(text, 3, Outcome::Eos)
+        };
+        let t = [
+            planned("Y lloró Jesús.", 3),
+            planned("a b c d e", 3),
+            planned("a b c d e f g,", 3),
+            translation("sin plan", 2, Outcome::Eos),
+        ];
+        let refs: Vec<&Translation> = t.iter().collect();
+        let c = counts(&refs, &[3, 3, 3, 3]);
+        // Differences 0, 2, 4 against the targets.
+        let l = c.length_control.unwrap();
+        assert_eq!((l.sentences, l.diff_mean), (3, 2.0));
+        assert!((l.diff_variance - 8.0 / 3.0).abs() < 1e-9);
+        assert_eq!((l.exact_share, l.within_1_share), (1.0 / 3.0, 1.0 / 3.0));
+        assert_eq!(l.within_2_share, 2.0 / 3.0);
+        assert_eq!(l.max_chars_seen, 14);
+        assert_eq!(c.ends_in_punctuation_share, 0.5);
+        assert!(ends_in_punctuation("Y dijo: «Ven.»"));
+        assert!(!ends_in_punctuation("y el"));
     }
 }

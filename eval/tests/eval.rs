@@ -174,3 +174,37 @@ fn outputs_that_reach_the_servers_budget_are_counted() {
     assert_eq!(report["systems"][0]["concat"], serde_json::json!([]));
     assert_eq!(report["systems"][0]["package"]["max_output_tokens"], 3);
 }
+
+#[test]
+fn asked_lengths_are_met_and_scored_against_their_targets() {
+    // The shipped package has no length encoding, so only exact mode can meet a length.
+    let out = tempfile::tempdir().unwrap();
+    let package = package();
+    let report = eval(
+        out.path(),
+        &[
+            "--package",
+            package.to_str().unwrap(),
+            "--limit",
+            "6",
+            "--target-length",
+            "reference",
+            "--reference-length-scale",
+            "0.8",
+            "--length-mode",
+            "exact",
+            "--max-chars",
+            "60",
+        ],
+        &[],
+    );
+    let control = &report["systems"][0]["overall"]["length_control"];
+    assert_eq!(control["sentences"], 6, "{control}");
+    assert!(control["max_chars_seen"].as_u64().unwrap() <= 60, "{control}");
+    // Exact mode hits every target unless max_chars made it cut an output.
+    let cut = control["truncated"].as_u64().unwrap();
+    assert!(f64_at(control, "/exact_share") >= 1.0 - cut as f64 / 6.0, "{control}");
+    assert_eq!(report["systems"][0]["concat"], serde_json::json!([]));
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(md.contains("`max_chars` 60, `length_mode` exact"), "{md}");
+}

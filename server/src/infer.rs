@@ -546,12 +546,7 @@ impl Infer {
                 .iter()
                 .map(|&i| {
                     let t = &response.translations[i];
-                    let scaled = t.output_tokens * max_chars / chars(t).max(1);
-                    LengthPlan {
-                        target: Some(scaled.clamp(1, t.output_tokens.saturating_sub(1).max(1))),
-                        source: Some(LengthSource::MaxChars),
-                        ..plans[i]
-                    }
+                    length::shorter_plan(&plans[i], t.output_tokens, chars(t), max_chars)
                 })
                 .collect();
             let finished = self.decode(&retry, &retry_plans).await?;

@@ -316,6 +316,23 @@ pub fn decode_input(
     }
 }
 
+/// The plan of a second decode for a text whose translation under `plan` came out at
+/// `output_tokens` subwords and `chars` characters, over `max_chars`: proportionally fewer
+/// subwords, and at least one fewer than before.
+pub fn shorter_plan(
+    plan: &LengthPlan,
+    output_tokens: usize,
+    chars: usize,
+    max_chars: usize,
+) -> LengthPlan {
+    let scaled = output_tokens * max_chars / chars.max(1);
+    LengthPlan {
+        target: Some(scaled.clamp(1, output_tokens.saturating_sub(1).max(1))),
+        source: Some(LengthSource::MaxChars),
+        ..*plan
+    }
+}
+
 /// `text` cut to at most `max_chars` characters at a word boundary (never mid-word), with
 /// trailing spaces and clause punctuation dropped; `None` when it already fits.
 pub fn cut_to_chars(text: &str, max_chars: usize) -> Option<String> {
