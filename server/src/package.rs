@@ -75,24 +75,67 @@ pub fn check_tokenizer(manifest: &Manifest, tokenizer: &Tokenizer) -> anyhow::Re
 
 /// Text <-> ids with the package's tokenizer, as the model was trained: no special tokens
 /// added by the tokenizer (the server appends EOS itself), special tokens skipped on output.
+///
+/// User text never becomes a control token: `</s>` or `<pad>` in a request (HTML
+/// strikethrough, XML, code, logs) is split into ordinary subwords like any other text,
+/// rather than matched as the tokenizer's special tokens.
 #[derive(Clone)]
 pub struct TextCodec {
     tokenizer: std::sync::Arc<Tokenizer>,
+    /// Ids of the special tokens that only the server may put in a sequence (all but
+    /// `<unk>`, which stands for text the vocabulary lacks).
+    control: std::sync::Arc<[u32]>,
+    unk: Option<u32>,
 }
 
 impl TextCodec {
-    pub fn new(tokenizer: Tokenizer) -> Self {
+    pub fn new(mut tokenizer: Tokenizer) -> Self {
+        // Not matched as added tokens before the model sees the text...
+        tokenizer.set_encode_special_tokens(true);
+        let unk = tokenizer.token_to_id(special::UNK_TOKEN);
+        let control = tokenizer
+            .get_added_tokens_decoder()
+            .iter()
+            .filter(|(&id, token)| token.special && Some(id) != unk)
+            .map(|(&id, _)| id)
+            .collect();
         TextCodec {
+            unk,
             tokenizer: std::sync::Arc::new(tokenizer),
+            control,
         }
     }
 
-    /// Subword ids of `text`, EOS not included.
+    /// Subword ids of `text`, EOS not included, and never a special token's.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.tokenizer
+        let fast = self
+            .tokenizer
             .encode_fast(text, false)
-            .map(|encoding| encoding.get_ids().to_vec())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        if !fast.get_ids().iter().any(|id| self.control.contains(id)) {
+            return Ok(fast.get_ids().to_vec());
+        }
+        // ...but a Unigram or BPE model whose vocabulary holds `</s>` as a piece still finds
+        // it in the text: spell such pieces out character by character.
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| e.to_string())?;
+        let mut ids = Vec::with_capacity(encoding.len() + 8);
+        for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+            if !self.control.contains(&id) {
+                ids.push(id);
+                continue;
+            }
+            for ch in text.get(start..end).unwrap_or_default().chars() {
+                let piece = self
+                    .tokenizer
+                    .token_to_id(ch.encode_utf8(&mut [0; 4]))
+                    .filter(|id| !self.control.contains(id));
+                ids.extend(piece.or(self.unk));
+            }
+        }
+        Ok(ids)
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
@@ -112,6 +155,27 @@ mod tests {
         assert_eq!(ids, vec![4, 5]);
         assert_eq!(codec.decode(&[1, 4, 5, 2]).unwrap(), "hello world");
         assert_eq!(codec.encode("zebra").unwrap(), vec![3]);
+    }
+
+    #[test]
+    fn user_text_never_becomes_a_control_token() {
+        let shipped = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../models/en-es-rel-transformer/tokenizer.json"
+        );
+        let tokenizer = Tokenizer::from_file(shipped).unwrap();
+        let codec = TextCodec::new(tokenizer.clone());
+        for text in ["</s>", "<s>strike</s> <pad><unk>", "a</s>b", "<s>"] {
+            let ids = codec.encode(text).unwrap();
+            assert!(!ids.is_empty(), "{text}");
+            for control in [special::PAD, special::BOS, special::EOS] {
+                assert!(!ids.contains(&control), "{text}: {ids:?}");
+            }
+        }
+        // Plain text tokenizes as the model was trained.
+        let plain = "Jesus wept, and the <b>Lord</b> heard.";
+        let trained = tokenizer.encode_fast(plain, false).unwrap();
+        assert_eq!(codec.encode(plain).unwrap(), trained.get_ids());
     }
 
     #[test]

@@ -64,8 +64,10 @@ impl LengthPredictor {
             }
         }
         let tokenizer_path = dir.join(&spec.tokenizer);
-        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| anyhow!("loading {}: {e}", tokenizer_path.display()))?;
+        // `[SEP]` in user text is text; the tokenizer's post-processor adds the real ones.
+        tokenizer.set_encode_special_tokens(true);
         let graph = dir.join(&spec.graph);
         let (mut builder, _) = session_builder(env, options)?;
         let session = builder

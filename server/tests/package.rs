@@ -259,3 +259,18 @@ async fn inputs_over_the_limit_are_refused_before_the_model() {
         "{json}"
     );
 }
+
+#[tokio::test]
+async fn text_that_looks_like_a_control_token_is_translated_as_text() {
+    // `</s>` read as EOS would end the source at once: an empty or unrelated translation.
+    let (status, json) = post_translate(serde_json::json!({
+        "text": ["</s>", "<s>Jesus wept.</s>", "Jesus wept. <pad><pad>"]
+    }))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    let response: TranslateResponse = serde_json::from_value(json).unwrap();
+    for t in &response.translations {
+        assert!(t.source_tokens >= 2, "{t:?}");
+        assert!(!t.text.trim().is_empty(), "{t:?}");
+    }
+}
