@@ -31,9 +31,12 @@ pub enum ApiError {
     /// One text has more subword tokens than the configured limit.
     #[error("{0}")]
     InputTooLong(String),
-    /// The body is larger than `--max-body-bytes`.
+    /// The body is larger than `--max-body-bytes`, or declares so in its `Content-Length`.
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The body did not arrive within `--body-read-timeout` of the request head.
+    #[error("{0}")]
+    BodyTimeout(String),
     /// The body was sent without `Content-Type: application/json`.
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -91,6 +94,7 @@ impl ApiError {
             | ApiError::InputTooLong(_)
             | ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -102,7 +106,8 @@ impl ApiError {
     /// The gRPC status code of each error ([`crate::grpc`]): the only place where that
     /// mapping lives. Requests the client must change are `INVALID_ARGUMENT`; the
     /// transport-only variants map to what gRPC says for them (no such method:
-    /// `UNIMPLEMENTED`; message too large: `RESOURCE_EXHAUSTED`).
+    /// `UNIMPLEMENTED`; message too large: `RESOURCE_EXHAUSTED`; a body too slow to arrive,
+    /// which tonic never reports to us: `DEADLINE_EXCEEDED`).
     pub fn grpc_code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
@@ -119,7 +124,7 @@ impl ApiError {
             }
             ApiError::PayloadTooLarge(_) | ApiError::Overloaded(_) => Code::ResourceExhausted,
             ApiError::NotReady(_) | ApiError::Unavailable(_) => Code::Unavailable,
-            ApiError::Timeout(_) => Code::DeadlineExceeded,
+            ApiError::Timeout(_) | ApiError::BodyTimeout(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
         }
     }
@@ -134,6 +139,7 @@ impl ApiError {
             ApiError::TooManyTexts(_) => "too_many_texts",
             ApiError::InputTooLong(_) => "input_too_long",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
@@ -223,6 +229,7 @@ pub(crate) mod tests {
             ApiError::TooManyTexts(String::new()),
             ApiError::InputTooLong(String::new()),
             ApiError::PayloadTooLarge(String::new()),
+            ApiError::BodyTimeout(String::new()),
             ApiError::UnsupportedMediaType(String::new()),
             ApiError::NotFound(String::new()),
             ApiError::MethodNotAllowed(String::new()),
@@ -264,16 +271,17 @@ pub(crate) mod tests {
                 "not_found" | "method_not_allowed" | "unsupported" => Code::Unimplemented,
                 "payload_too_large" | "overloaded" => Code::ResourceExhausted,
                 "not_ready" | "unavailable" => Code::Unavailable,
-                "timeout" => Code::DeadlineExceeded,
+                "timeout" | "body_timeout" => Code::DeadlineExceeded,
                 "internal" => Code::Internal,
                 other => panic!("no gRPC code expected for `{other}`"),
             };
             assert_eq!(error.grpc_code(), expected, "{}", error.error_type());
-            // The server's faults in HTTP are the server's faults in gRPC.
+            // The server's faults in HTTP are the server's faults in gRPC. gRPC has one code
+            // for deadlines, whoever was slow: a body that did not arrive is the client's.
             let server_side = matches!(
                 expected,
                 Code::Unavailable | Code::DeadlineExceeded | Code::Internal
-            );
+            ) && error.error_type() != "body_timeout";
             assert_eq!(
                 error.status().is_server_error(),
                 server_side,

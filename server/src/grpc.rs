@@ -15,15 +15,16 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
 use tonic::codegen::http;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
-use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument;
 
+use crate::connections::{self, ConnectionGate};
 use crate::error::ApiError;
 use crate::infer::{Infer, TranslateRequest, TranslateResponse};
 use crate::length::{LengthMode, LengthRequest, LengthSource, TargetLength};
@@ -54,19 +55,78 @@ pub fn service(infer: Infer) -> TranslatorServer<TranslatorService> {
     TranslatorServer::new(TranslatorService { infer }).max_decoding_message_size(limit)
 }
 
+/// A peer that does not answer an HTTP/2 ping within this long is dead: its connection closes
+/// (gRPC's own default for keepalive timeouts).
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Calls in flight on one connection; more wait for the client to send them. hyper's own
+/// default, which tonic otherwise replaces with no limit.
+pub const MAX_CONCURRENT_STREAMS: u32 = 200;
+
+/// How gRPC connections are held.
+#[derive(Clone, Copy, Debug)]
+pub struct GrpcOptions {
+    /// The HTTP/2 connection preface is due this long after connecting.
+    pub preface_timeout: Duration,
+    /// An HTTP/2 ping goes out this long after the last frame received; `None`: never.
+    pub keepalive_interval: Option<Duration>,
+}
+
+impl Default for GrpcOptions {
+    /// The defaults of the command line.
+    fn default() -> Self {
+        GrpcOptions {
+            preface_timeout: Duration::from_secs(10),
+            keepalive_interval: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
 /// Serves [`service`] on `listener` until `shutdown` completes, then lets the calls in
-/// flight finish.
+/// flight finish: [`serve_with`] with the default options and a connection cap of its own.
 pub async fn serve(
     infer: Infer,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    let signal = async move {
+        shutdown.await;
+        cancel.cancel();
+    };
+    let gate = ConnectionGate::new(connections::DEFAULT_MAX_CONNECTIONS);
+    let served = serve_with(infer, listener, GrpcOptions::default(), gate, token);
+    tokio::pin!(served);
+    tokio::select! {
+        served = &mut served => return served,
+        () = signal => {}
+    }
+    served.await
+}
+
+/// Serves [`service`] on `listener` until `shutdown` is cancelled, then lets the calls in
+/// flight finish. Connections count against `gate`. A connection must send the HTTP/2 preface
+/// within `options.preface_timeout`; after that, gRPC channels are long-lived by design, so an
+/// idle one stays open as long as its peer answers pings (a dead one closes after
+/// `options.keepalive_interval` + [`KEEPALIVE_TIMEOUT`]), and every connection has TCP
+/// keepalive.
+pub async fn serve_with(
+    infer: Infer,
+    listener: tokio::net::TcpListener,
+    options: GrpcOptions,
+    gate: ConnectionGate,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let incoming =
+        connections::grpc_incoming(listener, gate, options.preface_timeout, shutdown.clone());
     let rejections = Rejections::layer(infer.clone());
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(options.keepalive_interval)
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .layer(rejections)
         .add_service(service(infer))
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .context("serving gRPC")
 }

@@ -4,16 +4,20 @@
 //! Handlers only convert JSON to and from the transport-neutral types of [`crate::infer`].
 //! One middleware gives every request an id (from `x-request-id`, or a new UUID), runs it in
 //! a span carrying that id, returns the id in the response header, and counts errors by type.
+//! Another reads the body before the handler, within `--body-read-timeout` and
+//! `--max-body-bytes` (`read_body`).
 
 use std::fmt;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use axum::body::{Body, HttpBody};
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use tracing::Instrument;
@@ -27,9 +31,21 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The OpenAPI 3.1 description of this API, served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("../openapi.json");
 
-/// The router with all routes, the body limit, JSON fallbacks and the request middleware.
+/// `--body-read-timeout`'s default, and what [`app`] uses.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The router with all routes, the body limits, JSON fallbacks and the request middleware.
 pub fn app(infer: Infer) -> Router {
+    app_with_body_timeout(infer, DEFAULT_BODY_READ_TIMEOUT)
+}
+
+/// [`app`], with bodies due within `body_read_timeout` of their request head.
+pub fn app_with_body_timeout(infer: Infer, body_read_timeout: Duration) -> Router {
     let body_limit = infer.limits().max_body_bytes;
+    let body = BodyLimits {
+        max_bytes: body_limit,
+        read_timeout: body_read_timeout,
+    };
     Router::new()
         .route("/translate", post(translate))
         .route("/health", get(health))
@@ -40,6 +56,7 @@ pub fn app(infer: Infer) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(body, read_body))
         .layer(middleware::from_fn_with_state(
             infer.clone(),
             request_context,
@@ -84,6 +101,55 @@ async fn request_context(State(infer): State<Infer>, request: Request, next: Nex
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }
+    response
+}
+
+#[derive(Clone, Copy, Debug)]
+struct BodyLimits {
+    max_bytes: usize,
+    read_timeout: Duration,
+}
+
+/// Reads the whole body before the handler runs, so that a client sending it slowly or not at
+/// all gets a 408 and frees its connection (the request timeout only starts once the request
+/// is in), and refuses a body that its `Content-Length` declares over the limit before reading
+/// a byte of it.
+async fn read_body(State(limits): State<BodyLimits>, request: Request, next: Next) -> Response {
+    let too_large = || {
+        closing(ApiError::PayloadTooLarge(format!(
+            "request body is larger than the limit of {} bytes",
+            limits.max_bytes
+        )))
+    };
+    // hyper's lower bound is the declared `Content-Length` (0 for a chunked body).
+    if request.body().size_hint().lower() > limits.max_bytes as u64 {
+        return too_large();
+    }
+    let (parts, body) = request.into_parts();
+    let body = Limited::new(body, limits.max_bytes).collect();
+    match tokio::time::timeout(limits.read_timeout, body).await {
+        Ok(Ok(body)) => {
+            let request = Request::from_parts(parts, Body::from(body.to_bytes()));
+            next.run(request).await
+        }
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => too_large(),
+        Ok(Err(e)) => closing(ApiError::InvalidRequest(format!(
+            "reading the request body failed: {e}"
+        ))),
+        Err(_) => closing(ApiError::BodyTimeout(format!(
+            "the request body did not arrive within {} s of the request head",
+            limits.read_timeout.as_secs_f64()
+        ))),
+    }
+}
+
+/// The rest of an unread body may still be on its way: only closing the connection after the
+/// answer avoids reading it.
+fn closing(error: ApiError) -> Response {
+    let mut response = error.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 

@@ -13,11 +13,14 @@
 //!   [`predictor`], the package's learned length predictor.
 //! - [`http`]: the JSON API over axum, [`http::app`].
 //! - [`grpc`]: the gRPC API over tonic (`proto/translate.proto`), [`grpc::serve`].
+//! - [`connections`]: accepting connections under a cap, and the timeouts that keep slow or
+//!   idle clients from holding them.
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`error`]: the one error type of the API and its status codes.
 //! - [`server`]: command line, start-up ([`server::load`]) and serving ([`server::run`]).
 
 pub mod backend;
+pub mod connections;
 pub mod decode;
 pub mod error;
 pub mod grpc;

@@ -248,6 +248,11 @@ impl<B: Backend> Worker<B> {
         let (backend, batch) = (&mut self.backend, &mut self.batch);
         match guarded(|| batch.step(backend, special)) {
             Ok(finished) => {
+                // Before the replies: a client holding its answer must not still count
+                // itself in flight.
+                self.metrics
+                    .sequences_in_flight
+                    .set(self.batch.len() as i64);
                 for (tag, output) in finished {
                     self.finish_sequence(tag, output);
                 }

@@ -7,12 +7,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::EnvFilter;
 
+use crate::connections::{self, ConnectionGate, Timeouts};
 use crate::decode::SpecialIds;
-use crate::http::app;
+use crate::grpc::GrpcOptions;
+use crate::http::app_with_body_timeout;
 use crate::infer::{Infer, Model, RequestLimits};
 use crate::length::LengthModel;
 use crate::metrics::Metrics;
@@ -115,9 +118,40 @@ pub struct Args {
     #[arg(long, env = "NMT_MAX_OUTPUT_TOKENS", default_value_t = 1024)]
     pub max_output_tokens: usize,
 
-    /// Largest request body in bytes (413 above).
+    /// Largest request body in bytes (413 above). A `Content-Length` over it is refused
+    /// before the body is read.
     #[arg(long, env = "NMT_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+
+    /// Seconds a client has to send a complete request head: from connecting for the first
+    /// request of a connection, from the head's first byte for the next ones. Slower, the
+    /// connection is closed without an answer. gRPC: the HTTP/2 connection preface is due
+    /// this long after connecting.
+    #[arg(long, env = "NMT_HEADER_READ_TIMEOUT", default_value_t = 10.0)]
+    pub header_read_timeout: f64,
+
+    /// Seconds from the end of a request head to the end of its body; later gives 408 and the
+    /// connection closes. `--request-timeout` starts once the body is in.
+    #[arg(long, env = "NMT_BODY_READ_TIMEOUT", default_value_t = 30.0)]
+    pub body_read_timeout: f64,
+
+    /// Seconds an HTTP connection may stay open between a response and the next request's
+    /// first byte; 0 closes every connection after one request. Above the 60 s idle timeout
+    /// of common load balancers, so that they, not the server, close idle connections.
+    #[arg(long, env = "NMT_KEEP_ALIVE_TIMEOUT", default_value_t = 75.0)]
+    pub keep_alive_timeout: f64,
+
+    /// Most open connections, HTTP and gRPC together (default: the open-file limit less 128,
+    /// at most 10000). Beyond it new connections wait in the listen backlog, and HTTP
+    /// connections that are waiting for a request without having sent a byte of it for
+    /// 250 ms are closed to make room.
+    #[arg(long, env = "NMT_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+
+    /// Seconds between HTTP/2 pings on a quiet gRPC connection; a peer that does not answer
+    /// within 20 s is dropped. 0 sends none.
+    #[arg(long, env = "NMT_GRPC_KEEPALIVE_INTERVAL", default_value_t = 60.0)]
+    pub grpc_keepalive_interval: f64,
 
     /// Without a target length, a text stops after `ratio * source_tokens + offset` tokens.
     #[arg(long, env = "NMT_MAX_LENGTH_RATIO", default_value_t = 2.0)]
@@ -164,9 +198,37 @@ impl Args {
         })
     }
 
+    /// How long HTTP connections may wait for a request.
+    pub fn connection_timeouts(&self) -> anyhow::Result<Timeouts> {
+        let keep_alive = Args::seconds(self.keep_alive_timeout, "keep-alive-timeout")?;
+        Ok(Timeouts {
+            header_read: Args::positive_seconds(self.header_read_timeout, "header-read-timeout")?,
+            keep_alive: (!keep_alive.is_zero()).then_some(keep_alive),
+        })
+    }
+
+    pub fn body_read_timeout(&self) -> anyhow::Result<Duration> {
+        Args::positive_seconds(self.body_read_timeout, "body-read-timeout")
+    }
+
+    pub fn grpc_options(&self) -> anyhow::Result<GrpcOptions> {
+        let interval = Args::seconds(self.grpc_keepalive_interval, "grpc-keepalive-interval")?;
+        Ok(GrpcOptions {
+            preface_timeout: self.connection_timeouts()?.header_read,
+            keepalive_interval: (!interval.is_zero()).then_some(interval),
+        })
+    }
+
     fn seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
         Duration::try_from_secs_f64(value)
             .map_err(|_| anyhow::anyhow!("--{flag} must be a non-negative number of seconds"))
+    }
+
+    fn positive_seconds(value: f64, flag: &str) -> anyhow::Result<Duration> {
+        match Args::seconds(value, flag)? {
+            zero if zero.is_zero() => anyhow::bail!("--{flag} must be more than 0 seconds"),
+            duration => Ok(duration),
+        }
     }
 }
 
@@ -179,6 +241,10 @@ pub fn init_tracing(format: LogFormat) {
         .with_env_filter(filter)
         .with_span_events(FmtSpan::CLOSE)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Otherwise a log line that cannot be written (stderr's reader gone) is reported with
+        // `eprintln!`, which panics the task that logged: the signal task among them, and a
+        // SIGTERM would then never shut the server down.
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -289,30 +355,27 @@ pub fn model_input_limit(manifest: &model_package::Manifest) -> Option<usize> {
 
 /// Loads the model, binds, prints `listening on http://ADDR` then `grpc listening on ADDR`
 /// on stdout, warms up (the server answers `/health` meanwhile and `/ready` once done) and
-/// serves HTTP and gRPC until Ctrl-C or SIGTERM. Then both stop accepting connections, let
-/// in-flight requests finish within `--shutdown-grace` seconds, and it returns.
+/// serves HTTP and gRPC until Ctrl-C or SIGTERM. Then both stop accepting connections, close
+/// the ones without a request in flight, let in-flight requests finish within
+/// `--shutdown-grace` seconds, and it returns.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let grace = Args::seconds(args.shutdown_grace, "shutdown-grace")?;
+    let timeouts = args.connection_timeouts()?;
+    let body_read_timeout = args.body_read_timeout()?;
+    let grpc_options = args.grpc_options()?;
+    let gate = ConnectionGate::new(connection_cap(&args));
+    tracing::info!(
+        max_connections = gate.max_connections(),
+        header_read_timeout = timeouts.header_read.as_secs_f64(),
+        keep_alive_timeout = timeouts.keep_alive.unwrap_or_default().as_secs_f64(),
+        body_read_timeout = body_read_timeout.as_secs_f64(),
+        "connection limits"
+    );
     let load_args = args.clone();
     let infer = tokio::task::spawn_blocking(move || load(&load_args))
         .await
         .context("model loading thread")??;
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
-    let addr: SocketAddr = listener.local_addr()?;
-    let grpc_listener = tokio::net::TcpListener::bind((args.host.as_str(), args.grpc_port))
-        .await
-        .with_context(|| format!("binding {}:{} for gRPC", args.host, args.grpc_port))?;
-    let grpc_addr: SocketAddr = grpc_listener.local_addr()?;
-    tracing::info!(%addr, %grpc_addr, "listening");
-    {
-        use std::io::Write;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on http://{addr}")?;
-        writeln!(stdout, "grpc listening on {grpc_addr}")?;
-        stdout.flush()?;
-    }
+    let (listener, grpc_listener) = bind(&args).await?;
 
     let warm = infer.clone();
     tokio::spawn(async move {
@@ -331,12 +394,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         on_signal.cancel();
     });
 
-    let http = axum::serve(listener, app(infer.clone()))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let grpc = crate::grpc::serve(infer, grpc_listener, shutdown.clone().cancelled_owned());
-    // Both drain on the same signal; `run` returns when both are done (or one failed).
-    let server =
-        async { tokio::try_join!(async { http.await.context("serving HTTP") }, grpc).map(|_| ()) };
+    let app = app_with_body_timeout(infer.clone(), body_read_timeout);
+    let http = connections::serve_http(listener, app, gate.clone(), timeouts, shutdown.clone());
+    let http = async {
+        http.await;
+        anyhow::Ok(())
+    };
+    let grpc = crate::grpc::serve_with(infer, grpc_listener, grpc_options, gate, shutdown.clone());
+    // Both drain on the same signal; `run` returns when both are done (or gRPC failed).
+    let server = async { tokio::try_join!(http, grpc).map(|_| ()) };
     let deadline = async {
         shutdown.cancelled().await;
         tokio::time::sleep(grace).await;
@@ -350,6 +416,59 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Binds the HTTP and gRPC listeners and prints their addresses on stdout.
+async fn bind(args: &Args) -> anyhow::Result<(TcpListener, TcpListener)> {
+    use std::io::Write;
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let addr: SocketAddr = listener.local_addr()?;
+    let grpc_listener = TcpListener::bind((args.host.as_str(), args.grpc_port))
+        .await
+        .with_context(|| format!("binding {}:{} for gRPC", args.host, args.grpc_port))?;
+    let grpc_addr: SocketAddr = grpc_listener.local_addr()?;
+    tracing::info!(%addr, %grpc_addr, "listening");
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening on http://{addr}")?;
+    writeln!(stdout, "grpc listening on {grpc_addr}")?;
+    stdout.flush()?;
+    Ok((listener, grpc_listener))
+}
+
+/// Raises the soft open-file limit to the hard one (the limit a service manager hands a
+/// process is often 1024 soft), and returns `--max-connections`, or its default under the
+/// limit.
+fn connection_cap(args: &Args) -> usize {
+    let soft = match connections::raise_open_file_limit() {
+        Ok(files) => {
+            tracing::info!(
+                soft_before = files.soft_before,
+                soft = files.soft,
+                hard = files.hard,
+                "open-file limit"
+            );
+            files.soft
+        }
+        Err(e) => {
+            tracing::warn!("cannot read or raise the open-file limit: {e}");
+            1024
+        }
+    };
+    let max = args
+        .max_connections
+        .unwrap_or_else(|| connections::default_max_connections(soft));
+    if max as u64 + connections::RESERVED_FILE_DESCRIPTORS > soft {
+        tracing::warn!(
+            max_connections = max,
+            open_file_limit = soft,
+            "--max-connections leaves fewer than {} descriptors under the open-file limit: \
+             accepting may fail for lack of descriptors (it backs off and recovers)",
+            connections::RESERVED_FILE_DESCRIPTORS
+        );
+    }
+    max
 }
 
 async fn shutdown_signal() {
@@ -393,5 +512,50 @@ mod tests {
         assert_eq!(args.port, 0);
         assert_eq!(args.intra_op_threads, 2);
         assert!(Args::try_parse_from(["nmt-server", "--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn connection_flags_have_the_library_defaults_and_are_checked() {
+        let args = Args::parse_from(["nmt-server"]);
+        assert_eq!(
+            args.body_read_timeout().unwrap(),
+            crate::http::DEFAULT_BODY_READ_TIMEOUT
+        );
+        let grpc = args.grpc_options().unwrap();
+        let defaults = GrpcOptions::default();
+        assert_eq!(
+            (grpc.preface_timeout, grpc.keepalive_interval),
+            (defaults.preface_timeout, defaults.keepalive_interval)
+        );
+        assert_eq!(args.max_connections, None);
+
+        let args = Args::parse_from([
+            "nmt-server",
+            "--header-read-timeout",
+            "0.5",
+            "--keep-alive-timeout",
+            "0",
+            "--grpc-keepalive-interval",
+            "0",
+            "--max-connections",
+            "64",
+        ]);
+        let timeouts = args.connection_timeouts().unwrap();
+        assert_eq!(timeouts.header_read, Duration::from_millis(500));
+        assert_eq!(timeouts.keep_alive, None, "0 turns keep-alive off");
+        assert_eq!(args.grpc_options().unwrap().keepalive_interval, None);
+        assert_eq!(args.max_connections, Some(64));
+
+        for flag in [
+            "--header-read-timeout=0",
+            "--body-read-timeout=0",
+            "--keep-alive-timeout=-1",
+        ] {
+            let args = Args::parse_from(["nmt-server", flag]);
+            let checked = args
+                .connection_timeouts()
+                .and_then(|_| args.body_read_timeout());
+            assert!(checked.is_err(), "{flag}");
+        }
     }
 }
