@@ -3,9 +3,9 @@
 //! (`decoder.layers.1.cross_attn`) so a graph reads like the model it came from.
 
 use crate::proto::{
-    attribute_type, data_type, AttributeProto, Dimension, GraphProto, ModelProto, NodeProto,
-    OperatorSetIdProto, StringStringEntryProto, TensorProto, TensorShapeProto, TypeProto,
-    TypeProtoTensor, ValueInfoProto, IR_VERSION, OPSET,
+    attribute_type, data_location, data_type, AttributeProto, Dimension, GraphProto, ModelProto,
+    NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto, TensorShapeProto,
+    TypeProto, TypeProtoTensor, ValueInfoProto, IR_VERSION, OPSET,
 };
 
 /// A graph input/output axis: symbolic (`"batch"`) or fixed.
@@ -168,8 +168,43 @@ impl Graph {
             data_type: data_type::FLOAT,
             name: name.clone(),
             raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ..Default::default()
         });
         name
+    }
+
+    /// A float initializer named `name` whose values stay in another file: `length` bytes at
+    /// byte `offset` of `location` (relative to the model file), little-endian.
+    pub fn external_weight(
+        &mut self,
+        name: &str,
+        dims: &[usize],
+        location: &str,
+        offset: u64,
+        length: u64,
+    ) -> String {
+        assert_eq!(
+            dims.iter().product::<usize>() as u64 * 4,
+            length,
+            "{name}: shape/length mismatch"
+        );
+        let entry = |key: &str, value: String| StringStringEntryProto {
+            key: key.into(),
+            value,
+        };
+        self.initializers.push(TensorProto {
+            dims: dims.iter().map(|&d| d as i64).collect(),
+            data_type: data_type::FLOAT,
+            name: name.into(),
+            external_data: vec![
+                entry("location", location.into()),
+                entry("offset", offset.to_string()),
+                entry("length", length.to_string()),
+            ],
+            data_location: data_location::EXTERNAL,
+            ..Default::default()
+        });
+        name.into()
     }
 
     /// A 1-D int64 constant (shapes, axes, indices); `scalar` makes it 0-D.
@@ -192,6 +227,7 @@ impl Graph {
             data_type: data_type::INT64,
             name: name.clone(),
             raw_data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            ..Default::default()
         });
         name
     }
@@ -203,6 +239,7 @@ impl Graph {
             data_type: data_type::FLOAT,
             name: name.clone(),
             raw_data: value.to_le_bytes().to_vec(),
+            ..Default::default()
         });
         name
     }

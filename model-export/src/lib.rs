@@ -1,7 +1,9 @@
 //! Checkpoint -> model package: ONNX graphs written from the weights by this crate (no
-//! tracer, no Python), the tokenizer, and a manifest with checksums and provenance.
+//! tracer, no Python), the tokenizer, and a manifest with checksums and provenance; and,
+//! into a written package, the length predictor ([`length_predictor`]).
 
 pub mod graph;
+pub mod length_predictor;
 pub mod proto;
 pub mod recurrent;
 pub mod rnn_nmt;
@@ -51,7 +53,7 @@ pub struct ExportArgs {
     pub evaluation: Option<PathBuf>,
 }
 
-fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Result<()> {
+pub(crate) fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Result<()> {
     std::fs::write(path, model.encode_to_vec())
         .with_context(|| format!("writing {}", path.display()))
 }

@@ -121,6 +121,17 @@ pub struct TensorProto {
     /// Little-endian element bytes.
     #[prost(bytes = "vec", tag = "9")]
     pub raw_data: Vec<u8>,
+    /// With `data_location` [`data_location::EXTERNAL`]: `location` (a file path relative
+    /// to the model file), `offset` and `length` (bytes) of the element bytes.
+    #[prost(message, repeated, tag = "13")]
+    pub external_data: Vec<StringStringEntryProto>,
+    #[prost(int32, tag = "14")]
+    pub data_location: i32,
+}
+
+/// `TensorProto.DataLocation`.
+pub mod data_location {
+    pub const EXTERNAL: i32 = 1;
 }
 
 #[derive(Clone, PartialEq, Message)]

@@ -1,7 +1,9 @@
-//! Training side of the project: corpus, tokenizer, candle models, training loop, checkpoints.
+//! Training side of the project: corpus, tokenizer, candle models, training loop, checkpoints,
+//! and the length predictor.
 
 pub mod corpus;
 pub mod fixture;
+pub mod length;
 pub mod model;
 pub mod ops;
 pub mod tokenizer;

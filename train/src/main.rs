@@ -19,6 +19,9 @@ enum Command {
     Train(nmt_train::train::TrainArgs),
     /// Average the weights of several checkpoints into one (export it like any checkpoint).
     Average(nmt_train::train::checkpoint::AverageArgs),
+    /// Train the length predictor (a head on a frozen BERT) and measure it against the
+    /// source length and a linear fit.
+    LengthPredictor(nmt_train::length::LengthPredictorArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +40,6 @@ fn main() -> anyhow::Result<()> {
         Command::Tokenizer(args) => nmt_train::tokenizer::run(args),
         Command::Train(args) => nmt_train::train::run(args),
         Command::Average(args) => nmt_train::train::checkpoint::run_average(args),
+        Command::LengthPredictor(args) => nmt_train::length::run(args),
     }
 }

@@ -1,10 +1,13 @@
 //! The models in candle: the Transformer family with every position variant of the papers
 //! ([`transformer`]) and the RNN-NMT baseline ([`rnn_nmt`]), behind one interface
 //! ([`Seq2Seq`]), built from shared [`layers`], [`attention`] and [`recurrent`] encoders.
+//! Beside them, the length predictor: a frozen [`bert`] encoder under a [`length_head`].
 
 pub mod attention;
+pub mod bert;
 pub mod dropout;
 pub mod layers;
+pub mod length_head;
 pub mod recurrent;
 pub mod rnn_nmt;
 pub mod seq2seq;

@@ -59,7 +59,10 @@ impl Adam {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            let g = (g * scale)?;
+            // A variable's gradient can carry candle's op graph (a loss term such as
+            // `w.sqr()` differentiates into `w * grad`, which tracks `w`); kept in the moments,
+            // it would chain every step's graph to the next and hold all of them in memory.
+            let g = (g.detach() * scale)?;
             let m = ((&self.first_moment[i] * self.beta1)? + (&g * (1.0 - self.beta1))?)?;
             let v = ((&self.second_moment[i] * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
             let update = ((&m / correction1)? / ((&v / correction2)?.sqrt()? + self.eps)?)?;
