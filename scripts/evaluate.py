@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Thin wrapper around `nmt-eval` (crate `eval/`), kept so that the command recorded in the
 shipped manifest's `evaluation` field still runs: builds nmt-eval (release) and runs it with
-the same arguments, `--package models/en-es-rel-transformer` when none is given.
+the same arguments, `--package models/en-es-rel-ldpe` when none is given.
 
     python3 scripts/evaluate.py --split dev
 
@@ -20,7 +20,7 @@ def main():
     binary = os.path.join(target, "release", "nmt-eval")
     args = sys.argv[1:]
     if "--package" not in args:
-        args = ["--package", os.path.join(ROOT, "models", "en-es-rel-transformer"), *args]
+        args = ["--package", os.path.join(ROOT, "models", "en-es-rel-ldpe"), *args]
     os.execv(binary, [binary, *args])
 
 

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
 cargo build --release -p nmt-server
-exec target/release/nmt-server --model-dir models/en-es-rel-transformer "$@"
+exec target/release/nmt-server --model-dir models/en-es-rel-ldpe "$@"

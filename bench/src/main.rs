@@ -101,7 +101,7 @@ struct Args {
     #[arg(
         long,
         env = "NMT_BENCH_MODEL_DIR",
-        default_value = "models/en-es-rel-transformer"
+        default_value = "models/en-es-rel-ldpe"
     )]
     model_dir: PathBuf,
 
@@ -583,7 +583,7 @@ mod tests {
         assert_eq!(a.seconds, 20.0);
         assert_eq!(a.warmup_seconds, 3.0);
         assert_eq!(a.server_bin, PathBuf::from("target/release/nmt-server"));
-        assert_eq!(a.model_dir, PathBuf::from("models/en-es-rel-transformer"));
+        assert_eq!(a.model_dir, PathBuf::from("models/en-es-rel-ldpe"));
         assert_eq!(a.server_arg, ["--intra-op-threads", "1"]);
         assert_eq!(a.server_args_trailing, ["--queue-capacity", "512"]);
     }

@@ -161,7 +161,7 @@ mod tests {
     fn user_text_never_becomes_a_control_token() {
         let shipped = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../models/en-es-rel-transformer/tokenizer.json"
+            "/../models/en-es-rel-ldpe/tokenizer.json"
         );
         let tokenizer = Tokenizer::from_file(shipped).unwrap();
         let codec = TextCodec::new(tokenizer.clone());

@@ -68,6 +68,14 @@ impl LengthPredictor {
             .map_err(|e| anyhow!("loading {}: {e}", tokenizer_path.display()))?;
         // `[SEP]` in user text is text; the tokenizer's post-processor adds the real ones.
         tokenizer.set_encode_special_tokens(true);
+        // Pretrained tokenizer files often pad every text to a fixed length and truncate long
+        // ones (all-MiniLM-L6-v2's: 128): padding here would count as tokens, and a truncated
+        // text would be predicted from its first part. Batches are padded below, with a mask;
+        // texts too long for the predictor get the linear fit.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| anyhow!("{}: {e}", tokenizer_path.display()))?;
+        tokenizer.with_padding(None);
         let graph = dir.join(&spec.graph);
         let (mut builder, _) = session_builder(env, options)?;
         let session = builder
@@ -143,7 +151,11 @@ impl LengthPredictor {
             );
         }
         for (&i, &p) in fits.iter().zip(lengths) {
-            predictions[i] = p.is_finite().then_some(f64::from(p.max(1.0)));
+            // Hundredths: padding in a batch moves the float in its last digits, and a
+            // text's prediction (and the length planned from it) should not depend on its
+            // neighbours.
+            let p = (f64::from(p.max(1.0)) * 100.0).round() / 100.0;
+            predictions[i] = p.is_finite().then_some(p);
         }
         Ok(predictions)
     }

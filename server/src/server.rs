@@ -45,7 +45,7 @@ pub struct Args {
         long,
         env = "NMT_MODEL_DIR",
         value_delimiter = ',',
-        default_value = "models/en-es-rel-transformer"
+        default_value = "models/en-es-rel-ldpe"
     )]
     pub model_dir: Vec<PathBuf>,
 

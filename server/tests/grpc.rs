@@ -90,7 +90,9 @@ async fn translations_match_the_service_and_http() {
         assert_eq!(grpc.text, direct.text);
         assert_eq!(grpc.source_tokens as usize, direct.source_tokens);
         assert_eq!(grpc.output_tokens as usize, direct.output_tokens);
-        assert_eq!(grpc.target_length, None);
+        // The shipped model is length-aware: each text gets its predicted length.
+        assert_eq!(grpc.target_length.map(|n| n as usize), direct.target_length);
+        assert_eq!(grpc.predicted_length, direct.predicted_length);
     }
 
     // Naming the model explicitly gives the same answer.
@@ -157,11 +159,19 @@ async fn errors_map_to_grpc_codes_and_are_counted() {
         ),
         (
             proto::TranslateRequest {
-                target_length: Some(ProtoTargetLength::Mode(TargetLengthMode::Auto as i32)),
+                length_mode: 9,
                 ..request(&TEXTS)
             },
-            Code::Unimplemented,
-            "unsupported",
+            Code::InvalidArgument,
+            "invalid_request",
+        ),
+        (
+            proto::TranslateRequest {
+                max_chars: Some(0),
+                ..request(&TEXTS)
+            },
+            Code::InvalidArgument,
+            "invalid_target_length",
         ),
         (
             proto::TranslateRequest {
@@ -217,7 +227,6 @@ async fn errors_map_to_grpc_codes_and_are_counted() {
         "empty_text",
         "model_not_found",
         "input_too_long",
-        "unsupported",
         "invalid_request",
         "invalid_target_length",
         "payload_too_large",

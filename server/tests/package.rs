@@ -1,5 +1,5 @@
 //! Tests against a real model package, run through ONNX Runtime (`ORT_DYLIB_PATH`, see
-//! `scripts/env.sh`): the package that ships with the repo (`models/en-es-rel-transformer`), or
+//! `scripts/env.sh`): the package that ships with the repo (`models/en-es-rel-ldpe`), or
 //! the directory in `NMT_TEST_PACKAGE` (any export of `nmt-export`).
 
 mod common;
@@ -272,5 +272,33 @@ async fn text_that_looks_like_a_control_token_is_translated_as_text() {
     for t in &response.translations {
         assert!(t.source_tokens >= 2, "{t:?}");
         assert!(!t.text.trim().is_empty(), "{t:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_shipped_length_predictor_predicts_natural_lengths_alone_or_batched() {
+    // The shipped package is length-aware with a predictor (installed by scripts/setup.sh):
+    // a request without a length gets the predicted one, the same alone as in a batch.
+    let (status, json) = post_translate(serde_json::json!({ "text": SENTENCES })).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    let batched: TranslateResponse = serde_json::from_value(json).unwrap();
+    for (text, t) in SENTENCES.iter().zip(&batched.translations) {
+        assert_eq!(
+            t.length_source,
+            Some(nmt_server::length::LengthSource::Predictor),
+            "{t:?}"
+        );
+        let predicted = t.predicted_length.unwrap();
+        // Spanish runs about as long as the English source in subwords.
+        let ratio = predicted / t.source_tokens as f64;
+        assert!((0.6..1.8).contains(&ratio), "{text}: {t:?}");
+        let (_, alone) = post_translate(serde_json::json!({ "text": text })).await;
+        let alone = alone["translations"][0]["predicted_length"]
+            .as_f64()
+            .unwrap();
+        assert!(
+            (alone - predicted).abs() < 1e-3,
+            "{text}: {alone} vs {predicted}"
+        );
     }
 }

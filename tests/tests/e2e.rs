@@ -501,7 +501,7 @@ async fn prometheus_scrapes_latency_by_input_length() {
 
 /// The package that ships with the repo.
 fn shipped_package() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-transformer")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe")
 }
 
 /// `nmt-server` on the shipped package under `ulimit -n open_files` (soft and hard, as a

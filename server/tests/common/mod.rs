@@ -6,12 +6,12 @@ use std::sync::OnceLock;
 
 use nmt_server::{Args, Infer};
 
-/// The package that ships with the repo (`models/en-es-rel-transformer`), or the directory in
+/// The package that ships with the repo (`models/en-es-rel-ldpe`), or the directory in
 /// `NMT_TEST_PACKAGE` (any export of `nmt-export`).
 pub fn package_dir() -> PathBuf {
     match std::env::var_os("NMT_TEST_PACKAGE") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-transformer"),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe"),
     }
 }
 
