@@ -232,7 +232,7 @@ async fn translates_over_http_like_the_training_forward_pass() {
 async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
     let package = shared_package().join("package");
     // Two rows at a time, so the work below queues and takes a while.
-    let mut server = start_server(
+    let server = start_server(
         &[&package],
         &["--max-batch-size", "2", "--shutdown-grace", "60"],
     );
@@ -290,14 +290,12 @@ async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
             assert_eq!(translation["output_tokens"], 60, "{json}");
         }
     }
-    let exit = tokio::task::spawn_blocking(move || {
-        let status = server.child.wait().unwrap();
-        (server, status)
-    });
-    let (server, status) = tokio::time::timeout(Duration::from_secs(60), exit)
-        .await
-        .expect("the server exits after draining")
-        .unwrap();
+    let (server, status) = wait_for_exit(
+        server,
+        Duration::from_secs(60),
+        "the server exits after draining",
+    )
+    .await;
     assert!(status.success(), "exit status {status}");
     let after = client.get(format!("{}/health", server.url)).send().await;
     assert!(after.is_err(), "the port still answers after exit");
@@ -499,6 +497,23 @@ async fn prometheus_scrapes_latency_by_input_length() {
 // Slow and idle clients (issue 12): these run the shipped model package, which needs no
 // training, against raw sockets.
 
+/// Waits up to `limit` for the server process to exit (`expectation` says why it should);
+/// hands the server back, its log still readable, with the exit status.
+async fn wait_for_exit(
+    mut server: Server,
+    limit: Duration,
+    expectation: &str,
+) -> (Server, std::process::ExitStatus) {
+    let exit = tokio::task::spawn_blocking(move || {
+        let status = server.child.wait().unwrap();
+        (server, status)
+    });
+    tokio::time::timeout(limit, exit)
+        .await
+        .expect(expectation)
+        .unwrap()
+}
+
 /// The package that ships with the repo.
 fn shipped_package() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe")
@@ -611,7 +626,7 @@ async fn sigterm_does_not_wait_for_half_sent_requests_or_idle_connections() {
     let package = shipped_package();
     // Both timeouts far longer than the exit may take.
     let flags = ["--shutdown-grace", "60", "--header-read-timeout", "60"];
-    let mut server = start_server(&[&package], &flags);
+    let server = start_server(&[&package], &flags);
     let client = reqwest::Client::new();
     wait_until_ready(&client, &server).await;
     let mut held = idle_connections(&server, 2).await;
@@ -623,14 +638,12 @@ async fn sigterm_does_not_wait_for_half_sent_requests_or_idle_connections() {
 
     let started = std::time::Instant::now();
     run(Command::new("kill").args(["-TERM", &server.child.id().to_string()]));
-    let exit = tokio::task::spawn_blocking(move || {
-        let status = server.child.wait().unwrap();
-        (server, status)
-    });
-    let (_server, status) = tokio::time::timeout(Duration::from_secs(20), exit)
-        .await
-        .expect("the server exits without waiting for the held connections")
-        .unwrap();
+    let (_server, status) = wait_for_exit(
+        server,
+        Duration::from_secs(20),
+        "the server exits without waiting for the held connections",
+    )
+    .await;
     assert!(status.success(), "exit status {status}");
     eprintln!("exited {:?} after SIGTERM", started.elapsed());
 }
@@ -664,15 +677,12 @@ async fn sigterm_shuts_down_when_nobody_reads_the_log() {
     drop(stdout);
     let server = Server { child, url };
     wait_until_ready(&client, &server).await;
-    let mut server = server;
     run(Command::new("kill").args(["-TERM", &server.child.id().to_string()]));
-    let exit = tokio::task::spawn_blocking(move || {
-        let status = server.child.wait().unwrap();
-        (server, status)
-    });
-    let (_server, status) = tokio::time::timeout(Duration::from_secs(20), exit)
-        .await
-        .expect("SIGTERM still shuts the server down")
-        .unwrap();
+    let (_server, status) = wait_for_exit(
+        server,
+        Duration::from_secs(20),
+        "SIGTERM still shuts the server down",
+    )
+    .await;
     assert!(status.success(), "exit status {status}");
 }
