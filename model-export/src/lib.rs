@@ -1,10 +1,12 @@
 //! Checkpoint -> model package: ONNX graphs written from the weights by this crate (no
 //! tracer, no Python), the tokenizer, and a manifest with checksums and provenance; and,
-//! into a written package, the length predictor ([`length_predictor`]).
+//! into a written package, the length predictor ([`length_predictor`]); and from a package,
+//! its int8 copy, by ONNX Runtime's Python quantizer ([`quantize`]).
 
 pub mod graph;
 pub mod length_predictor;
 pub mod proto;
+pub mod quantize;
 pub mod recurrent;
 pub mod rnn_nmt;
 pub mod transformer;
@@ -13,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::Device;
-use model_package::{files, special, AbsolutePosition, Limits, Manifest};
+use model_package::{files, special, AbsolutePosition, Limits, Manifest, Precision};
 use nmt_train::model::{Model, Seq2Seq};
 use prost::Message;
 
@@ -118,6 +120,8 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
             max_source_tokens,
             max_target_tokens: args.max_target_tokens,
         },
+        precision: Precision::Float32,
+        quantization: serde_json::Value::Null,
         files: Default::default(),
         training: serde_json::to_value(&state)?,
         evaluation,

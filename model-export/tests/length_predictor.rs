@@ -240,6 +240,8 @@ fn empty_package(dir: &Path) {
             max_source_tokens: None,
             max_target_tokens: 64,
         },
+        precision: Default::default(),
+        quantization: serde_json::Value::Null,
         files: Default::default(),
         training: serde_json::Value::Null,
         evaluation: serde_json::Value::Null,

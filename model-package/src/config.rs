@@ -180,7 +180,7 @@ impl ModelConfig {
     /// A named preset sized for `vocab_size`.
     ///
     /// `transformer` is the shipped size: d_model 256, 4 heads, FFN 1024, 3+3 layers (the
-    /// shapes of the CTranslate2 speed anchor in DESIGN.md). Relative presets use Shaw et
+    /// shapes of the CTranslate2 comparison in docs/benchmarks). Relative presets use Shaw et
     /// al.'s clip distance k = 16.
     pub fn preset(name: &str, vocab_size: usize) -> Result<Self, ConfigError> {
         let (variant, tiny) = match name.strip_suffix("-tiny") {

@@ -16,7 +16,7 @@ pub use config::{
 };
 pub use manifest::{
     Dim, ExternalFile, LengthPrediction, LengthPredictorSpec, Limits, LinearFit, Manifest,
-    ManifestError, StateSpec,
+    ManifestError, Precision, StateSpec,
 };
 
 /// File names inside a model package.

@@ -92,6 +92,14 @@ pub struct Manifest {
     pub unk_id: u32,
     pub decoder_state: Vec<StateSpec>,
     pub limits: Limits,
+    /// Number format of the encoder and decoder weights. Packages written before int8
+    /// existed have no such field and are float32.
+    #[serde(default)]
+    pub precision: Precision,
+    /// How the graphs were quantized (tool, versions, what was quantized); absent for
+    /// float32 packages (free-form).
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub quantization: serde_json::Value,
     /// sha256 of every other file in the package, by file name.
     pub files: BTreeMap<String, String>,
     /// Where the weights came from: corpus, steps, tokens, time (free-form).
@@ -101,6 +109,18 @@ pub struct Manifest {
     /// How to guess a translation's length before decoding it (what `"auto"` asks for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length_prediction: Option<LengthPrediction>,
+}
+
+/// Number format of a package's encoder and decoder weights. The inputs, outputs and state
+/// are float32 either way, so the server runs both alike.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    #[default]
+    Float32,
+    /// Weights of every matrix product (the output projection included) in int8, one scale
+    /// per output channel; activations quantized to uint8 per tensor at run time.
+    Int8,
 }
 
 /// Ways to predict the target length (target subwords, EOS not counted) of a source.
@@ -237,6 +257,8 @@ mod tests {
                 max_source_tokens: None,
                 max_target_tokens: 64,
             },
+            precision: Precision::Float32,
+            quantization: serde_json::Value::Null,
             files: BTreeMap::new(),
             training: serde_json::Value::Null,
             evaluation: serde_json::Value::Null,
@@ -255,6 +277,20 @@ mod tests {
         std::fs::write(dir.path().join("encoder.onnx"), b"tampered").unwrap();
         let err = Manifest::load(dir.path()).unwrap_err();
         assert!(matches!(err, ManifestError::Checksum { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_manifest_without_precision_is_float32() {
+        let mut json = serde_json::to_value(manifest()).unwrap();
+        json.as_object_mut().unwrap().remove("precision");
+        let read: Manifest = serde_json::from_value(json).unwrap();
+        assert_eq!(read.precision, Precision::Float32);
+
+        let mut m = manifest();
+        m.precision = Precision::Int8;
+        let json = serde_json::to_value(&m).unwrap();
+        assert_eq!(json["precision"], "int8");
+        assert_eq!(serde_json::from_value::<Manifest>(json).unwrap(), m);
     }
 
     #[test]

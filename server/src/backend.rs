@@ -119,7 +119,7 @@ pub fn batching_deviation<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::testing::{CopyBackend, CopyRows, SPECIAL};
+    use crate::testing::{CopyBackend, CopyRows, SPECIAL};
 
     /// A copy backend whose logits shift when it runs more than one row: a model that
     /// leaks between rows.

@@ -12,7 +12,10 @@
 //!   request in flight. The timer ends the wait after `--header-read-timeout` from a head's
 //!   first byte (from connecting, for a connection's first request) or after
 //!   `--keep-alive-timeout` without a byte, at once on shutdown, and early under the cap as
-//!   above. Bodies have their own deadline (`--body-read-timeout`, [`crate::http`]).
+//!   above. Bodies have their own deadline (`--body-read-timeout`, [`crate::http`]). A request
+//!   head hyper cannot parse never reaches the app: hyper answers it itself (400, 414 or 431,
+//!   empty body) with no hook to change that, so the socket wrapper replaces that answer with
+//!   the API's JSON error and counts it (`framing_error`).
 //! - gRPC ([`grpc_incoming`]): tonic's HTTP/2 connections under the same cap, with the
 //!   connection preface due within `--header-read-timeout` (and at once on shutdown); once
 //!   the connection is up, HTTP/2 pings ([`crate::grpc::serve_with`]) find dead peers.
@@ -40,6 +43,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::error::{ApiError, ErrorBody};
+use crate::metrics::Metrics;
 
 /// Under the connection cap, a connection waiting for a request that has not sent a byte of it
 /// for this long is closed to make room. Not at once: a client that has just connected, or just
@@ -282,12 +288,13 @@ fn configure_socket(stream: &TcpStream) {
 
 /// Serves `app` over HTTP/1 on `listener` until `shutdown`, then closes the listener and the
 /// connections without a request in flight at once, and returns when the requests in flight
-/// have been answered.
+/// have been answered. Requests refused before they reach `app` are counted in `metrics`.
 pub async fn serve_http(
     listener: TcpListener,
     app: Router,
     gate: ConnectionGate,
     timeouts: Timeouts,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let connections = TaskTracker::new();
@@ -301,6 +308,7 @@ pub async fn serve_http(
             app.clone(),
             gate.clone(),
             timeouts,
+            metrics.clone(),
             shutdown.clone(),
         ));
     }
@@ -315,12 +323,15 @@ async fn serve_http_connection(
     app: Router,
     gate: ConnectionGate,
     timeouts: Timeouts,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let clock = Arc::new(HeadClock::new());
     let io = TokioIo::new(Watched {
         stream: accepted.stream,
         clock: clock.clone(),
+        rewritten: None,
+        metrics,
     });
     let timer = HeadTimer {
         clock,
@@ -395,13 +406,162 @@ impl HeadClock {
     }
 }
 
-/// A socket that tells its [`HeadClock`] when bytes arrive.
+/// A socket that tells its [`HeadClock`] when bytes arrive, and puts hyper's own answers to
+/// unparsable heads in the API's error shape.
 struct Watched {
     stream: TcpStream,
     clock: Arc<HeadClock>,
+    /// The replacement of such an answer, and how much of it has been sent.
+    rewritten: Option<(Vec<u8>, usize)>,
+    metrics: Arc<Metrics>,
 }
 
-/// Writes go straight to the socket: the wrappers below only watch or time reads.
+/// How every answer that [`framing_error`] may stand for begins.
+const CLIENT_ERROR: &[u8] = b"HTTP/1.1 4";
+
+/// The error hyper's automatic answer starting `bytes` stands for, if it is one. hyper answers
+/// a head it cannot parse with a status line, `connection: close`, `content-length: 0` and a
+/// date, and nothing else; every answer of the app has a body and an `x-request-id`.
+fn framing_error(bytes: &[u8]) -> Option<ApiError> {
+    let end = bytes.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = std::str::from_utf8(&bytes[..end]).ok()?;
+    let status = head.strip_prefix("HTTP/1.1 ")?.get(..3)?;
+    let lines: Vec<&str> = head
+        .split("\r\n")
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let automatic = lines.iter().all(|line| {
+        let name = line.split(':').next().unwrap_or_default();
+        matches!(name, "connection" | "content-length" | "date")
+    }) && lines.contains(&"content-length: 0");
+    if !automatic {
+        return None;
+    }
+    match status {
+        "400" => Some(ApiError::MalformedRequest(
+            "the request head is not valid HTTP/1.1 (request line or a header field)".into(),
+        )),
+        "414" => Some(ApiError::UriTooLong(
+            "the request target is longer than 65534 bytes".into(),
+        )),
+        "431" => Some(ApiError::HeadersTooLarge(
+            "the request head has more than 100 header fields or is larger than about 400 KB"
+                .into(),
+        )),
+        _ => None,
+    }
+}
+
+/// `error` as a complete HTTP/1.1 answer that closes the connection, with hyper's `date`.
+fn framing_answer(error: &ApiError, hyper_head: &[u8]) -> Vec<u8> {
+    let status = error.status();
+    let body = serde_json::to_vec(&ErrorBody {
+        error: error.to_string(),
+        error_type: error.error_type().to_string(),
+    })
+    .expect("the error body serializes");
+    let date = std::str::from_utf8(hyper_head)
+        .ok()
+        .and_then(|head| head.split("\r\n").find(|l| l.starts_with("date: ")))
+        .map(|line| format!("{line}\r\n"))
+        .unwrap_or_default();
+    let mut answer = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n{date}\r\n",
+        status.as_str(),
+        status.canonical_reason().unwrap_or_default(),
+        body.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    answer
+}
+
+impl Watched {
+    /// Sends what is left of a rewritten answer.
+    fn poll_rewritten(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some((answer, sent)) = &mut self.rewritten {
+            if *sent == answer.len() {
+                self.rewritten = None;
+                break;
+            }
+            match Pin::new(&mut self.stream).poll_write(cx, &answer[*sent..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => *sent += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// When `buf` starts hyper's answer to an unparsable head, takes all of it (so hyper
+    /// counts it sent) and sends the API's answer instead.
+    fn poll_write_head(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        std::task::ready!(self.poll_rewritten(cx))?;
+        let Some(error) = framing_error(buf) else {
+            return Pin::new(&mut self.stream).poll_write(cx, buf);
+        };
+        tracing::debug!(
+            error_type = error.error_type(),
+            status = error.status().as_u16(),
+            "{error}"
+        );
+        self.metrics.record_error(error.error_type());
+        self.rewritten = Some((framing_answer(&error, buf), 0));
+        // Pending here only means the socket is full: flushing finishes the answer.
+        if let Poll::Ready(Err(e)) = self.poll_rewritten(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if buf.starts_with(CLIENT_ERROR) {
+            return self.poll_write_head(cx, buf);
+        }
+        std::task::ready!(self.poll_rewritten(cx))?;
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        // hyper encodes a head into one buffer: the first non-empty one decides.
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            if first.starts_with(CLIENT_ERROR) {
+                return self.poll_write_head(cx, first);
+            }
+        }
+        std::task::ready!(self.poll_rewritten(cx))?;
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_rewritten(cx))?;
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_rewritten(cx))?;
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Writes go straight to the socket: the wrapper below only times reads.
 macro_rules! forward_writes {
     ($wrapper:ty) => {
         impl AsyncWrite for $wrapper {
@@ -453,8 +613,6 @@ impl AsyncRead for Watched {
         polled
     }
 }
-
-forward_writes!(Watched);
 
 /// hyper's HTTP/1 server uses its timer only for the header-read timeout, which runs while it
 /// waits for a request head: on a new connection, and between keep-alive requests. Its own

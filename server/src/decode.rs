@@ -121,6 +121,14 @@ impl<B: Backend, T> RunningBatch<B, T> {
         self.rows.len()
     }
 
+    /// The tags of the sequences being decoded.
+    pub fn tags(&self) -> impl Iterator<Item = &T> {
+        self.rows.iter().filter_map(|row| match row {
+            Row::Live(sequence) => Some(&sequence.tag),
+            Row::Ghost { .. } => None,
+        })
+    }
+
     /// Encodes `inputs` and adds them to the batch; they take their first step with the
     /// next [`RunningBatch::step`]. Inputs with a zero budget finish at once and are
     /// returned.
@@ -340,228 +348,9 @@ pub fn argmax_except(logits: ArrayView1<'_, f32>, banned: Option<u32>) -> u32 {
 }
 
 #[cfg(test)]
-pub(crate) mod testing {
-    //! A pure-Rust backend with the dev package's semantics: it copies the source (step `p`
-    //! emits `source[p]`, so EOS comes right after the last word) and checks its own KV cache
-    //! at every step, failing loudly if the loop fed it the wrong token, position or rows.
-
-    use super::*;
-    use ndarray::Array2;
-
-    pub const VOCAB: usize = 34;
-    pub const SPECIAL: SpecialIds = SpecialIds { bos: 1, eos: 2 };
-
-    pub struct CopyRows {
-        sources: Vec<Vec<i64>>,
-        /// Tokens fed so far, per row (the "KV cache").
-        cache: Vec<Vec<i64>>,
-        ghost: Vec<bool>,
-    }
-
-    #[derive(Default)]
-    pub struct CopyBackend {
-        /// Batch size of every step, for asserting that finished rows leave the batch.
-        pub step_sizes: Vec<usize>,
-        /// The `target_lengths` of every step.
-        pub target_lengths: Vec<Vec<i64>>,
-        /// Fail the next step (error-path tests).
-        pub fail: bool,
-        /// Time each step takes (timeout and queueing tests).
-        pub step_delay: std::time::Duration,
-    }
-
-    impl Backend for CopyBackend {
-        type Rows = CopyRows;
-
-        fn encode(&mut self, sources: &[&[i64]]) -> Result<CopyRows, BackendError> {
-            Ok(CopyRows {
-                sources: sources.iter().map(|s| s.to_vec()).collect(),
-                cache: vec![Vec::new(); sources.len()],
-                ghost: vec![false; sources.len()],
-            })
-        }
-
-        fn step(
-            &mut self,
-            rows: &mut CopyRows,
-            target_ids: &[i64],
-            positions: &[i64],
-            target_lengths: &[i64],
-        ) -> Result<Array2<f32>, BackendError> {
-            if self.fail {
-                return Err(BackendError::Inference("injected failure".into()));
-            }
-            std::thread::sleep(self.step_delay);
-            let n = rows.sources.len();
-            assert_eq!(target_ids.len(), n);
-            assert_eq!(positions.len(), n);
-            assert_eq!(target_lengths.len(), n);
-            self.step_sizes.push(n);
-            self.target_lengths.push(target_lengths.to_vec());
-            let mut logits = Array2::zeros((n, VOCAB));
-            for r in 0..n {
-                // A row fed EOS is a ghost (finished, awaiting compaction): nothing to check.
-                if target_ids[r] == i64::from(SPECIAL.eos) || rows.ghost[r] {
-                    rows.ghost[r] = true;
-                    continue;
-                }
-                let p = positions[r] as usize;
-                let source = &rows.sources[r];
-                // The cache holds exactly the tokens fed at positions 0..p; while the row
-                // copies its source they are BOS and the source words. (Past the source, a
-                // length constraint that bans EOS makes the loop feed other tokens.)
-                assert_eq!(rows.cache[r].len(), p, "row {r} cache length");
-                if p < source.len() {
-                    let mut expected: Vec<i64> = vec![SPECIAL.bos.into()];
-                    expected.extend(&source[..p.saturating_sub(1)]);
-                    expected.truncate(p);
-                    assert_eq!(rows.cache[r], expected, "row {r} cache at position {p}");
-                    let fed = if p == 0 {
-                        SPECIAL.bos.into()
-                    } else {
-                        source[p - 1]
-                    };
-                    assert_eq!(target_ids[r], fed, "row {r} fed token");
-                }
-                rows.cache[r].push(target_ids[r]);
-                let next = source.get(p).copied().unwrap_or(0) as usize;
-                logits[[r, next]] = 10.0;
-            }
-            Ok(logits)
-        }
-
-        fn append(&mut self, rows: &mut CopyRows, new: CopyRows) -> Result<(), BackendError> {
-            rows.sources.extend(new.sources);
-            rows.cache.extend(new.cache);
-            rows.ghost.extend(new.ghost);
-            Ok(())
-        }
-
-        fn retain_rows(&mut self, rows: &mut CopyRows, keep: &[usize]) -> Result<(), BackendError> {
-            rows.sources = keep.iter().map(|&r| rows.sources[r].clone()).collect();
-            rows.cache = keep.iter().map(|&r| rows.cache[r].clone()).collect();
-            rows.ghost = keep.iter().map(|&r| rows.ghost[r]).collect();
-            Ok(())
-        }
-    }
-
-    use model_package::ModelConfig;
-
-    /// A manifest describing the dev package (two states: a 4-D KV cache and a 2-D mask).
-    pub fn manifest() -> model_package::Manifest {
-        use model_package::{Dim, Limits, StateSpec};
-        model_package::Manifest {
-            format_version: model_package::manifest::FORMAT_VERSION,
-            name: "dev-copy".into(),
-            source_language: "en".into(),
-            target_language: "es".into(),
-            config: ModelConfig::preset("transformer-tiny", VOCAB).unwrap(),
-            pad_id: 0,
-            bos_id: SPECIAL.bos,
-            eos_id: SPECIAL.eos,
-            unk_id: 3,
-            decoder_state: vec![
-                StateSpec {
-                    name: "self_key.0".into(),
-                    dims: vec![Dim::Batch, Dim::Fixed(2), Dim::Time, Dim::Fixed(4)],
-                },
-                StateSpec {
-                    name: "self_mask".into(),
-                    dims: vec![Dim::Batch, Dim::Time],
-                },
-            ],
-            limits: Limits {
-                max_source_tokens: Some(64),
-                max_target_tokens: 64,
-            },
-            files: Default::default(),
-            training: serde_json::Value::Null,
-            evaluation: serde_json::Value::Null,
-            length_prediction: None,
-        }
-    }
-
-    /// The service around two copy models, as `nmt-server` builds it, marked ready:
-    /// `dev-copy` (the default, no input limit of its own) and `dev-copy-abs`, which
-    /// declares that it takes at most 3 subword tokens (like a model with absolute
-    /// positions).
-    pub fn infer(
-        backend: CopyBackend,
-        limits: crate::infer::RequestLimits,
-        scheduler: crate::scheduler::SchedulerConfig,
-    ) -> crate::infer::Infer {
-        let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
-        let model = |name: &str, backend, max_source_tokens, preset: &str| {
-            let (translator, _worker) = crate::scheduler::Translator::spawn(
-                backend,
-                SPECIAL,
-                scheduler.clone(),
-                metrics.worker(name),
-            )
-            .expect("worker thread");
-            let config = ModelConfig::preset(preset, VOCAB).unwrap();
-            crate::infer::Model {
-                name: name.into(),
-                length: crate::length::LengthModel::without_prediction(config.is_length_aware()),
-                config,
-                source_language: "en".into(),
-                target_language: "es".into(),
-                codec: crate::package::TextCodec::new(tokenizer()),
-                translator,
-                eos_id: SPECIAL.eos,
-                max_source_tokens,
-                max_target_tokens: 64,
-            }
-        };
-        let models = vec![
-            model("dev-copy", backend, None, "rel-transformer-tiny"),
-            model(
-                "dev-copy-abs",
-                CopyBackend::default(),
-                Some(3),
-                "transformer-tiny",
-            ),
-        ];
-        let infer = crate::infer::Infer::new(models, "dev-copy", limits, metrics).unwrap();
-        infer.set_ready(true);
-        infer
-    }
-
-    /// Tokenizer matching the copy model's vocabulary (the dev package's `tokenizer.json`).
-    pub fn tokenizer() -> tokenizers::Tokenizer {
-        let words = "hello world the cat sat on mat a dog runs fast slow red blue green house \
-                     tree sun moon star one two three four five six seven eight nine ten";
-        let specials = ["<pad>", "<s>", "</s>", "<unk>"];
-        let vocab: serde_json::Map<String, serde_json::Value> = specials
-            .iter()
-            .copied()
-            .chain(words.split_whitespace())
-            .enumerate()
-            .map(|(i, t)| (t.to_string(), i.into()))
-            .collect();
-        assert_eq!(vocab.len(), VOCAB);
-        let added: Vec<_> = specials
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": true})
-            })
-            .collect();
-        let json = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
-            "normalizer": {"type": "Lowercase"}, "pre_tokenizer": {"type": "Whitespace"},
-            "post_processor": null, "decoder": null,
-            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-        });
-        json.to_string().parse().expect("test tokenizer")
-    }
-}
-
-#[cfg(test)]
 mod tests {
-    use super::testing::{CopyBackend, SPECIAL};
     use super::*;
+    use crate::testing::{CopyBackend, SPECIAL};
     use ndarray::array;
 
     fn input(words: &[i64], max: usize) -> DecodeInput {

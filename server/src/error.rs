@@ -16,6 +16,16 @@ pub enum ApiError {
     /// The body is not syntactically valid JSON.
     #[error("{0}")]
     InvalidJson(String),
+    /// The request is not well-formed HTTP/1.1: its head (hyper refuses it before any handler
+    /// runs; [`crate::connections`] puts it in this shape), or the chunked framing of its body.
+    #[error("{0}")]
+    MalformedRequest(String),
+    /// The request target is longer than hyper takes (65534 bytes).
+    #[error("{0}")]
+    UriTooLong(String),
+    /// The request head has more header fields or bytes than hyper takes.
+    #[error("{0}")]
+    HeadersTooLarge(String),
     /// The body is JSON but a field is missing, unknown or has the wrong type.
     #[error("{0}")]
     InvalidRequest(String),
@@ -52,9 +62,13 @@ pub enum ApiError {
     /// The request asks for something the chosen model cannot do.
     #[error("{0}")]
     Unsupported(String),
-    /// The model's queue is full.
-    #[error("{0}")]
-    Overloaded(String),
+    /// The model's queue is full, or would not finish the request within `--max-queue-wait`;
+    /// `retry_after_seconds` is when the work it has accepted should be done.
+    #[error("{message}")]
+    Overloaded {
+        message: String,
+        retry_after_seconds: u64,
+    },
     /// The server is warming up or shutting down.
     #[error("{0}")]
     NotReady(String),
@@ -84,7 +98,9 @@ impl ApiError {
     /// The HTTP status of each error: the only place where that mapping lives.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidJson(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidJson(_) | ApiError::MalformedRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            ApiError::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::InvalidRequest(_)
             | ApiError::EmptyText(_)
             | ApiError::InvalidTargetLength(_)
@@ -96,7 +112,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -106,12 +122,14 @@ impl ApiError {
     /// The gRPC status code of each error ([`crate::grpc`]): the only place where that
     /// mapping lives. Requests the client must change are `INVALID_ARGUMENT`; the
     /// transport-only variants map to what gRPC says for them (no such method:
-    /// `UNIMPLEMENTED`; message too large: `RESOURCE_EXHAUSTED`; a body too slow to arrive,
-    /// which tonic never reports to us: `DEADLINE_EXCEEDED`).
+    /// `UNIMPLEMENTED`; message or head too large: `RESOURCE_EXHAUSTED`; a body too slow to
+    /// arrive, which tonic never reports to us: `DEADLINE_EXCEEDED`; malformed HTTP/1.1,
+    /// which gRPC never sees: `INVALID_ARGUMENT`).
     pub fn grpc_code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
             ApiError::InvalidJson(_)
+            | ApiError::MalformedRequest(_)
             | ApiError::InvalidRequest(_)
             | ApiError::EmptyText(_)
             | ApiError::InvalidTargetLength(_)
@@ -122,7 +140,10 @@ impl ApiError {
             ApiError::NotFound(_) | ApiError::MethodNotAllowed(_) | ApiError::Unsupported(_) => {
                 Code::Unimplemented
             }
-            ApiError::PayloadTooLarge(_) | ApiError::Overloaded(_) => Code::ResourceExhausted,
+            ApiError::PayloadTooLarge(_)
+            | ApiError::UriTooLong(_)
+            | ApiError::HeadersTooLarge(_)
+            | ApiError::Overloaded { .. } => Code::ResourceExhausted,
             ApiError::NotReady(_) | ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::Timeout(_) | ApiError::BodyTimeout(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
@@ -133,6 +154,9 @@ impl ApiError {
     pub fn error_type(&self) -> &'static str {
         match self {
             ApiError::InvalidJson(_) => "invalid_json",
+            ApiError::MalformedRequest(_) => "malformed_request",
+            ApiError::UriTooLong(_) => "uri_too_long",
+            ApiError::HeadersTooLarge(_) => "headers_too_large",
             ApiError::InvalidRequest(_) => "invalid_request",
             ApiError::EmptyText(_) => "empty_text",
             ApiError::ModelNotFound(_) => "model_not_found",
@@ -145,7 +169,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::InvalidTargetLength(_) => "invalid_target_length",
             ApiError::Unsupported(_) => "unsupported",
-            ApiError::Overloaded(_) => "overloaded",
+            ApiError::Overloaded { .. } => "overloaded",
             ApiError::NotReady(_) => "not_ready",
             ApiError::Timeout(_) => "timeout",
             ApiError::Unavailable(_) => "unavailable",
@@ -175,10 +199,15 @@ impl ApiError {
 
 impl From<TranslateError> for ApiError {
     fn from(err: TranslateError) -> Self {
-        match err {
-            TranslateError::Overloaded(_) => ApiError::Overloaded(err.to_string()),
-            TranslateError::Stopped => ApiError::Unavailable(err.to_string()),
-            TranslateError::Backend(_) => ApiError::Internal(err.to_string()),
+        match err.retry_after() {
+            Some(retry_after) => ApiError::Overloaded {
+                message: err.to_string(),
+                retry_after_seconds: retry_after.as_secs().max(1),
+            },
+            None => match err {
+                TranslateError::Backend(_) => ApiError::Internal(err.to_string()),
+                _ => ApiError::Unavailable(err.to_string()),
+            },
         }
     }
 }
@@ -191,7 +220,7 @@ impl IntoResponse for ApiError {
             ApiError::Internal(_) => tracing::error!(error_type, status = code, "{self}"),
             // Load shedding and slow requests: worth a look when frequent (the metrics count
             // them), not a fault of the server.
-            ApiError::Overloaded(_) | ApiError::Timeout(_) => {
+            ApiError::Overloaded { .. } | ApiError::Timeout(_) => {
                 tracing::warn!(error_type, status = code, "{self}")
             }
             // Bad input, and 503s while warming up or draining (readiness probes poll
@@ -203,10 +232,18 @@ impl IntoResponse for ApiError {
             error_type: self.error_type().to_string(),
         };
         let mut response = (status, Json(body)).into_response();
-        if let ApiError::Overloaded(_) | ApiError::NotReady(_) = self {
+        let retry_after = match self {
+            ApiError::Overloaded {
+                retry_after_seconds,
+                ..
+            } => Some(retry_after_seconds),
+            ApiError::NotReady(_) => Some(1),
+            _ => None,
+        };
+        if let Some(seconds) = retry_after {
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         // The metrics layer counts errors by this type (see `http::app`).
         response
@@ -217,31 +254,9 @@ impl IntoResponse for ApiError {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    pub fn every_variant() -> Vec<ApiError> {
-        vec![
-            ApiError::InvalidJson(String::new()),
-            ApiError::InvalidRequest(String::new()),
-            ApiError::EmptyText(String::new()),
-            ApiError::ModelNotFound(String::new()),
-            ApiError::TooManyTexts(String::new()),
-            ApiError::InputTooLong(String::new()),
-            ApiError::PayloadTooLarge(String::new()),
-            ApiError::BodyTimeout(String::new()),
-            ApiError::UnsupportedMediaType(String::new()),
-            ApiError::NotFound(String::new()),
-            ApiError::MethodNotAllowed(String::new()),
-            ApiError::InvalidTargetLength(String::new()),
-            ApiError::Unsupported(String::new()),
-            ApiError::Overloaded(String::new()),
-            ApiError::NotReady(String::new()),
-            ApiError::Timeout(String::new()),
-            ApiError::Unavailable(String::new()),
-            ApiError::Internal(String::new()),
-        ]
-    }
+    use crate::testing::every_api_error as every_variant;
 
     #[test]
     fn every_variant_has_a_distinct_type_and_an_error_status() {
@@ -261,6 +276,7 @@ pub(crate) mod tests {
         for error in every_variant() {
             let expected = match error.error_type() {
                 "invalid_json"
+                | "malformed_request"
                 | "invalid_request"
                 | "empty_text"
                 | "invalid_target_length"
@@ -269,7 +285,9 @@ pub(crate) mod tests {
                 | "input_too_long" => Code::InvalidArgument,
                 "model_not_found" => Code::NotFound,
                 "not_found" | "method_not_allowed" | "unsupported" => Code::Unimplemented,
-                "payload_too_large" | "overloaded" => Code::ResourceExhausted,
+                "payload_too_large" | "uri_too_long" | "headers_too_large" | "overloaded" => {
+                    Code::ResourceExhausted
+                }
                 "not_ready" | "unavailable" => Code::Unavailable,
                 "timeout" | "body_timeout" => Code::DeadlineExceeded,
                 "internal" => Code::Internal,
@@ -292,9 +310,21 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn overloaded_carries_retry_after() {
-        let response = ApiError::Overloaded("busy".into()).into_response();
+    fn overloaded_carries_its_retry_after() {
+        let response = ApiError::Overloaded {
+            message: "busy".into(),
+            retry_after_seconds: 7,
+        }
+        .into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(response.headers()[header::RETRY_AFTER], "7");
+        let refused = TranslateError::Busy {
+            expected: std::time::Duration::from_secs_f64(40.5),
+            limit: std::time::Duration::from_secs(15),
+            retry_after: std::time::Duration::from_secs(26),
+        };
+        let response = ApiError::from(refused).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "26");
     }
 }

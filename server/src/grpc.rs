@@ -1,11 +1,11 @@
 //! The gRPC API: service `nmt.v1.Translator` of `proto/translate.proto`, over tonic.
 //!
 //! Like [`crate::http`], it only converts its wire types to and from those of
-//! [`crate::infer`]. Every call gets a request id (from the `x-request-id` metadata, or a new
-//! UUID), runs in a span carrying it, and returns it in the `x-request-id` metadata. Errors
-//! are [`ApiError`]s: the status code is [`ApiError::grpc_code`], the message is the JSON
-//! API's `error` text, the `error-type` metadata its `error_type`, and each one is counted in
-//! `nmt_errors_total`.
+//! [`crate::infer`]. Every call gets a request id ([`crate::request_id`], the rule of the HTTP
+//! API, from the same layer), runs in a span carrying it, and returns it in the
+//! `x-request-id` metadata. Errors are [`ApiError`]s: the status code is
+//! [`ApiError::grpc_code`], the message is the JSON API's `error` text, the `error-type`
+//! metadata its `error_type`, and each one is counted in `nmt_errors_total`.
 //!
 //! Requests tonic rejects before the handler (a message over `--max-body-bytes`, an
 //! undecodable message, an unknown method) are turned into the same kind of error by the
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::http;
-use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::metadata::AsciiMetadataValue;
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument;
 
@@ -28,6 +28,7 @@ use crate::connections::{self, ConnectionGate};
 use crate::error::ApiError;
 use crate::infer::{Infer, TranslateRequest, TranslateResponse};
 use crate::length::{LengthMode, LengthRequest, LengthSource, TargetLength};
+use crate::request_id::{self, RequestId, RequestIdLayer};
 
 /// The types and the server and client generated from `proto/translate.proto`.
 pub mod proto {
@@ -38,8 +39,8 @@ use proto::translate_request::TargetLength as ProtoTargetLength;
 use proto::translator_server::{Translator, TranslatorServer};
 use proto::TargetLengthMode;
 
-/// Metadata key of the request id, in requests and responses.
-pub const REQUEST_ID: &str = "x-request-id";
+/// Metadata key of the request id, in requests and responses ([`crate::request_id`]).
+pub const REQUEST_ID: &str = request_id::HEADER;
 /// Metadata key of the error type (the JSON API's `error_type`) of an error status.
 pub const ERROR_TYPE: &str = "error-type";
 
@@ -124,6 +125,7 @@ pub async fn serve_with(
         .http2_keepalive_interval(options.keepalive_interval)
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .layer(RequestIdLayer)
         .layer(rejections)
         .add_service(service(infer))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
@@ -137,12 +139,7 @@ impl Translator for TranslatorService {
         &self,
         request: Request<proto::TranslateRequest>,
     ) -> Result<Response<proto::TranslateResponse>, Status> {
-        let id = request_id(
-            request
-                .metadata()
-                .get(REQUEST_ID)
-                .and_then(|v| v.to_str().ok()),
-        );
+        let id = RequestId::of(request.extensions(), request.metadata().as_ref());
         let span = tracing::info_span!("request", request_id = %id, method = "grpc Translate");
         let started = Instant::now();
         let result = async {
@@ -159,33 +156,15 @@ impl Translator for TranslatorService {
             tracing::info!(code = ?code, elapsed_ms, "answered");
         });
         match result {
-            Ok(response) => {
-                let mut response = Response::new(to_proto(response));
-                insert_request_id(response.metadata_mut(), &id);
-                Ok(response)
-            }
-            Err(err) => Err(span.in_scope(|| error_status(&self.infer, err, &id))),
+            Ok(response) => Ok(Response::new(to_proto(response))),
+            Err(err) => Err(span.in_scope(|| error_status(&self.infer, err))),
         }
     }
 }
 
-/// A client-chosen id is kept if it is short printable ASCII; otherwise a new one is made
-/// (the rule of the HTTP API).
-fn request_id(sent: Option<&str>) -> String {
-    sent.filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_string)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
-}
-
-fn insert_request_id(metadata: &mut MetadataMap, id: &str) {
-    if let Ok(value) = AsciiMetadataValue::try_from(id) {
-        metadata.insert(REQUEST_ID, value);
-    }
-}
-
-/// Logs and counts `err`, and makes it a status with the `error-type` and `x-request-id`
-/// metadata.
-fn error_status(infer: &Infer, err: ApiError, id: &str) -> Status {
+/// Logs and counts `err`, and makes it a status with the `error-type` metadata (the
+/// `x-request-id` comes from [`RequestIdLayer`]).
+fn error_status(infer: &Infer, err: ApiError) -> Status {
     let code = err.grpc_code();
     if err.status().is_server_error() {
         tracing::error!(error_type = err.error_type(), code = ?code, "{err}");
@@ -198,7 +177,6 @@ fn error_status(infer: &Infer, err: ApiError, id: &str) -> Status {
         ERROR_TYPE,
         AsciiMetadataValue::from_static(err.error_type()),
     );
-    insert_request_id(status.metadata_mut(), id);
     status
 }
 
@@ -327,11 +305,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let sent_id = request
-            .headers()
-            .get(REQUEST_ID)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let id = RequestId::of(request.extensions(), request.headers());
         let path = request.uri().path().to_string();
         let infer = self.infer.clone();
         let answer = self.inner.call(request);
@@ -347,12 +321,11 @@ where
             let Some(refused) = refused else {
                 return Ok(response);
             };
-            let id = request_id(sent_id.as_deref());
             let span = tracing::info_span!("request", request_id = %id, method = "grpc", %path);
             let err = rejection(&refused, &path, infer.limits().max_body_bytes);
             let status = span.in_scope(|| {
                 tracing::info!(code = ?err.grpc_code(), tonic = %refused.message(), "refused before the handler");
-                error_status(&infer, err, &id)
+                error_status(&infer, err)
             });
             Ok(status.into_http())
         })
@@ -411,15 +384,6 @@ mod tests {
             ..request(None)
         };
         assert_eq!(from_proto(bad).unwrap_err().error_type(), "invalid_request");
-    }
-
-    #[test]
-    fn request_ids_are_kept_or_made() {
-        assert_eq!(request_id(Some("client-7")), "client-7");
-        for bad in [None, Some(""), Some("has space"), Some(&*"x".repeat(129))] {
-            let made = request_id(bad);
-            assert!(uuid::Uuid::parse_str(&made).is_ok(), "{bad:?}: {made}");
-        }
     }
 
     #[test]

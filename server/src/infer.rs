@@ -7,7 +7,7 @@
 //! every limit, a model chosen, a length budget per text) before anything is queued.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,6 +99,8 @@ pub struct Model {
     pub max_target_tokens: usize,
     /// Whether its decoder plans a length, and how it predicts one.
     pub length: LengthModel,
+    /// The number format of its weights (manifest `precision`).
+    pub precision: model_package::Precision,
 }
 
 /// One entry of `GET /models`.
@@ -115,6 +117,8 @@ pub struct ModelInfo {
     pub length_aware: bool,
     /// What `target_length` `"auto"` uses.
     pub length_prediction: PredictionKind,
+    /// `float32`, or `int8` for a quantized package, whose translations may differ slightly.
+    pub precision: model_package::Precision,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,6 +232,37 @@ struct Inner {
     limits: RequestLimits,
     metrics: Arc<Metrics>,
     ready: AtomicBool,
+    /// Translation requests between arrival and answer.
+    in_flight: AtomicUsize,
+}
+
+/// Counts a request in flight while it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        InFlight(count)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How much of an unknown model's name an error quotes: enough to spot a typo, without
+/// echoing a large body back to its sender.
+const QUOTED_NAME_CHARS: usize = 64;
+
+/// `name` in backquotes, cut to [`QUOTED_NAME_CHARS`] with its length in bytes when longer.
+fn quoted_name(name: &str) -> String {
+    if name.chars().count() <= QUOTED_NAME_CHARS {
+        return format!("`{name}`");
+    }
+    let head: String = name.chars().take(QUOTED_NAME_CHARS).collect();
+    format!("`{head}…` ({} bytes)", name.len())
 }
 
 impl Infer {
@@ -253,6 +288,7 @@ impl Infer {
                 limits,
                 metrics,
                 ready: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
             }),
         })
     }
@@ -263,6 +299,16 @@ impl Infer {
 
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The metrics, for what outlives a borrow of the service (the connection tasks).
+    pub fn shared_metrics(&self) -> Arc<Metrics> {
+        self.inner.metrics.clone()
+    }
+
+    /// Translation requests that have arrived and not been answered.
+    pub fn requests_in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::Acquire)
     }
 
     pub fn default_model(&self) -> &str {
@@ -308,6 +354,7 @@ impl Infer {
                     } else {
                         PredictionKind::None
                     },
+                    precision: m.precision,
                 }
             })
             .collect()
@@ -349,7 +396,8 @@ impl Infer {
             .unwrap_or(&self.inner.default_model);
         let model = self.inner.models.get(name).ok_or_else(|| {
             ApiError::ModelNotFound(format!(
-                "model `{name}` is not served here; models: {}",
+                "model {} is not served here; models: {}",
+                quoted_name(name),
                 self.inner
                     .models
                     .keys()
@@ -415,6 +463,7 @@ impl Infer {
         &self,
         request: TranslateRequest,
     ) -> Result<TranslateResponse, ApiError> {
+        let _in_flight = InFlight::enter(&self.inner.in_flight);
         if !self.is_ready() {
             return Err(ApiError::NotReady(
                 "the server is starting or shutting down; retry shortly".into(),
@@ -455,10 +504,14 @@ impl Infer {
                 ))),
                 Ok(result) => result,
             };
-        metrics
-            .request_duration
-            .with_label_values(&labels)
-            .observe(arrived.elapsed().as_secs_f64());
+        // Answered requests only: refusals (429 in microseconds) and timeouts would pull the
+        // percentiles down exactly when the server is overloaded; nmt_errors_total counts them.
+        if result.is_ok() {
+            metrics
+                .request_duration
+                .with_label_values(&labels)
+                .observe(arrived.elapsed().as_secs_f64());
+        }
         result
     }
 
@@ -471,10 +524,20 @@ impl Infer {
             let (infer, name) = (self.clone(), model.name.clone());
             let (texts, tokens) = (valid.texts.clone(), valid.source_tokens.clone());
             let span = tracing::info_span!("predict_length", texts = texts.len());
-            tokio::task::spawn_blocking(move || {
-                let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-                infer.inner.models[&name].length.predict(&texts, &tokens)
-            })
+            async move {
+                // Held by the blocking task, so the next request's turn comes when this
+                // prediction is done even if this request has left by then.
+                let turn = match &model.length.predictor {
+                    Some(predictor) => Some(predictor.turn().await),
+                    None => None,
+                };
+                tokio::task::spawn_blocking(move || {
+                    let _turn = turn;
+                    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+                    infer.inner.models[&name].length.predict(&texts, &tokens)
+                })
+                .await
+            }
             .instrument(span)
             .await
             .map_err(|e| ApiError::Internal(format!("the length predictor task failed: {e}")))?
@@ -683,5 +746,34 @@ mod tests {
         assert_eq!(limits.input_limit(Some(300)), (256, LimitSource::Server));
         assert_eq!(limits.input_limit(None), (256, LimitSource::Server));
         assert_eq!(source_ids(&[5, 9], 2), vec![5, 9, 2]);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_model_name_is_not_echoed_in_full() {
+        use crate::scheduler::{Batching, SchedulerConfig};
+        use crate::testing::{self, CopyBackend};
+        let scheduler = SchedulerConfig {
+            batching: Batching::Continuous,
+            max_batch_size: 8,
+            max_batch_tokens: 1000,
+            max_queued_requests: 8,
+            max_queue_wait: Duration::from_secs(60),
+        };
+        let infer = testing::infer(CopyBackend::default(), limits(), scheduler);
+        let name = format!("{}-tail", "m".repeat(10_000));
+        let err = infer
+            .translate(TranslateRequest {
+                texts: vec!["hello".into()],
+                model: Some(name),
+                length: LengthRequest::default(),
+            })
+            .await
+            .expect_err("an unknown model is refused");
+        let message = err.to_string();
+        assert_eq!(err.error_type(), "model_not_found");
+        assert!(message.len() < 300, "{} bytes: {message}", message.len());
+        assert!(message.contains("mmmm"), "{message}");
+        assert!(message.contains("10005 bytes"), "{message}");
+        assert!(message.contains("`dev-copy`"), "{message}");
     }
 }

@@ -27,8 +27,19 @@ async fn serve() -> std::process::ExitCode {
     match nmt_server::run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&format!("{e:#}")));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error as a single line: what ends the process must be one event for whoever reads the
+/// log line by line, even when a library's message spans several.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -4,7 +4,8 @@
 //! fixed buckets of [`input_length_bucket`], never the raw length.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Upper bounds (subword tokens, inclusive) and label values of the input-length buckets.
@@ -53,6 +54,8 @@ pub struct Metrics {
     pub batch_size: HistogramVec,
     pub queue_depth: IntGaugeVec,
     pub sequences_in_flight: IntGaugeVec,
+    pub expected_queue_wait: GaugeVec,
+    pub throughput: GaugeVec,
     pub length_deviation: HistogramVec,
     pub errors: IntCounterVec,
 }
@@ -83,6 +86,14 @@ fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGau
     metric
 }
 
+fn float_gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let metric = GaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -107,21 +118,21 @@ impl Metrics {
             request_duration: histogram(
                 &r,
                 "nmt_request_duration_seconds",
-                "Time from a valid request's arrival to its answer, labelled by its longest text.",
+                "Time from a valid request's arrival to its translations, labelled by its longest text (refusals and timeouts are counted in nmt_errors_total instead).",
                 LATENCY_BUCKETS,
                 by_length,
             ),
             queue_duration: histogram(
                 &r,
                 "nmt_queue_duration_seconds",
-                "Time a request waited for the model before joining the running batch.",
+                "Time a request waited for the model before its first text joined the running batch.",
                 LATENCY_BUCKETS,
                 by_length,
             ),
             inference_duration: histogram(
                 &r,
                 "nmt_inference_duration_seconds",
-                "Time from joining the batch to the request's last text being decoded.",
+                "Time from a request's first text joining the batch to its last text being decoded.",
                 LATENCY_BUCKETS,
                 by_length,
             ),
@@ -156,13 +167,27 @@ impl Metrics {
             queue_depth: gauge(
                 &r,
                 "nmt_queue_depth",
-                "Requests waiting for the model.",
+                "Requests with texts waiting to join the running batch.",
                 &["model"],
             ),
             sequences_in_flight: gauge(
                 &r,
                 "nmt_sequences_in_flight",
                 "Texts being decoded in the running batch.",
+                &["model"],
+            ),
+            expected_queue_wait: float_gauge(
+                &r,
+                "nmt_expected_queue_wait_seconds",
+                "Expected time for the model to finish all the work it has accepted (queued \
+                 and running) at its measured throughput: the Retry-After of a refused request.",
+                &["model"],
+            ),
+            throughput: float_gauge(
+                &r,
+                "nmt_throughput_tokens_per_second",
+                "Tokens (sources encoded and tokens decoded) per second of the model worker's \
+                 busy time, a moving average: the speed admission assumes.",
                 &["model"],
             ),
             length_deviation: histogram(
@@ -192,6 +217,8 @@ impl Metrics {
             batch_size: self.batch_size.with_label_values(&[model]),
             queue_depth: self.queue_depth.with_label_values(&[model]),
             sequences_in_flight: self.sequences_in_flight.with_label_values(&[model]),
+            expected_queue_wait: self.expected_queue_wait.with_label_values(&[model]),
+            throughput: self.throughput.with_label_values(&[model]),
         }
     }
 

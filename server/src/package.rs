@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use model_package::{files, special, Manifest};
+use model_package::{files, special, Manifest, ManifestError};
 use tokenizers::Tokenizer;
 
 /// A package whose manifest and tokenizer have been read and checked.
@@ -15,6 +15,8 @@ pub struct ModelPackage {
 }
 
 impl ModelPackage {
+    /// Every problem is one line naming the file at fault (`PATH: what is wrong`), since it
+    /// is what an operator sees when the server refuses to start.
     pub fn load(dir: &Path) -> anyhow::Result<Self> {
         if !dir.is_dir() {
             bail!(
@@ -22,27 +24,58 @@ impl ModelPackage {
                 dir.display()
             );
         }
-        let manifest = Manifest::load(dir)
-            .with_context(|| format!("reading the model package manifest in {}", dir.display()))?;
+        let manifest = Manifest::load(dir).map_err(|e| manifest_error(dir, e))?;
         for file in [files::TOKENIZER, files::ENCODER, files::DECODER] {
-            if !dir.join(file).is_file() {
-                bail!("model package {} has no {file}", dir.display());
+            let path = dir.join(file);
+            if !path.is_file() {
+                bail!("{}: missing from the model package", path.display());
             }
         }
         let tokenizer_path = dir.join(files::TOKENIZER);
-        let tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", tokenizer_path.display()))?;
-        check_tokenizer(&manifest, &tokenizer).with_context(|| {
-            format!(
-                "tokenizer {} does not match the manifest",
+        let tokenizer = Tokenizer::from_file(&tokenizer_path).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: not a tokenizer this server can read: {e}",
                 tokenizer_path.display()
             )
+        })?;
+        check_tokenizer(&manifest, &tokenizer).with_context(|| {
+            format!("{}: does not match the manifest", tokenizer_path.display())
         })?;
         Ok(ModelPackage {
             dir: dir.to_path_buf(),
             manifest,
             tokenizer,
         })
+    }
+}
+
+/// `Manifest::load`'s error as one line that starts with the file at fault: the manifest, or
+/// the file whose checksum it could not confirm.
+fn manifest_error(dir: &Path, error: ManifestError) -> anyhow::Error {
+    let manifest = dir.join(files::MANIFEST);
+    match error {
+        ManifestError::Io { path, source } if source.kind() == std::io::ErrorKind::NotFound => {
+            if Path::new(&path) == manifest {
+                anyhow::anyhow!("{path}: missing (is {} a model package?)", dir.display())
+            } else {
+                anyhow::anyhow!("{path}: missing, but {} lists it", manifest.display())
+            }
+        }
+        ManifestError::Io { path, source } => anyhow::anyhow!("{path}: {source}"),
+        ManifestError::Checksum {
+            file,
+            expected,
+            actual,
+        } => anyhow::anyhow!(
+            "{}: sha256 {actual} does not match {expected} in {}: the file is damaged or not \
+             the one the package was made with",
+            dir.join(file).display(),
+            manifest.display()
+        ),
+        ManifestError::Json(e) => {
+            anyhow::anyhow!("{}: not a valid manifest: {e}", manifest.display())
+        }
+        other => anyhow::anyhow!("{}: {other}", manifest.display()),
     }
 }
 
@@ -146,7 +179,7 @@ impl TextCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::testing::{manifest, tokenizer};
+    use crate::testing::{manifest, tokenizer};
 
     #[test]
     fn codec_round_trips_known_words() {

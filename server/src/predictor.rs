@@ -3,7 +3,7 @@
 //! source, which `"auto"` asks for and a length-aware decoder is fed by default.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context};
 use model_package::{manifest::sha256_file, names, LengthPredictorSpec};
@@ -11,6 +11,7 @@ use ort::environment::Environment;
 use ort::session::Session;
 use ort::value::Tensor;
 use tokenizers::Tokenizer;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::onnx::{session_builder, SessionOptions};
 
@@ -18,6 +19,9 @@ pub struct LengthPredictor {
     // ONNX Runtime runs one call at a time per session here; predictions are short next to
     // decoding, so requests share it rather than each model worker owning one.
     session: Mutex<Session>,
+    /// Requests take turns here, asynchronously, before they take a blocking thread to run
+    /// the session: see [`LengthPredictor::turn`].
+    turns: Arc<Semaphore>,
     tokenizer: Tokenizer,
     max_input_tokens: usize,
 }
@@ -80,7 +84,7 @@ impl LengthPredictor {
         let (mut builder, _) = session_builder(env, options)?;
         let session = builder
             .commit_from_file(&graph)
-            .map_err(|e| anyhow!("loading {}: {e}", graph.display()))?;
+            .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", graph.display()))?;
         let has = |ports: &[ort::value::Outlet], name: &str| ports.iter().any(|p| p.name() == name);
         for input in [names::PREDICTOR_INPUT_IDS, names::PREDICTOR_ATTENTION_MASK] {
             if !has(session.inputs(), input) {
@@ -97,9 +101,24 @@ impl LengthPredictor {
         }
         Ok(LengthPredictor {
             session: Mutex::new(session),
+            turns: Arc::new(Semaphore::new(1)),
             tokenizer,
             max_input_tokens: spec.max_input_tokens,
         })
+    }
+
+    /// Waits, without holding a thread, until the session is free for the caller, who holds
+    /// it until the permit drops. A blocking thread that waited on the session's lock instead
+    /// could not be taken back: a flood of requests whose clients then left (timeouts, closed
+    /// connections) kept up to the runtime's 512 blocking threads and a queue of predictions
+    /// nobody would read, and every later request waited behind all of them, long past its
+    /// timeout. A caller that leaves while waiting here leaves the queue.
+    pub async fn turn(&self) -> OwnedSemaphorePermit {
+        self.turns
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     /// The predicted target length of each text (target subwords, EOS not counted,

@@ -3,25 +3,37 @@
 //! Handlers never hold a session. They send a [`Job`] down a channel with a oneshot for the
 //! answer (text-embeddings-inference's `backends/src/lib.rs` pattern) and the tracing span of
 //! their request. The worker thread owns the backend and one [`RunningBatch`]: between two
-//! decoder steps it admits waiting jobs (first come, first served) while the batch stays
-//! within `max_batch_size` rows and `max_batch_tokens` tokens, steps every row, and answers
-//! a job once its last text is done. Unlike CTranslate2's static batches, a new request joins
-//! the batch that is already running instead of waiting for it to drain.
+//! decoder steps it admits waiting texts while the batch stays within `max_batch_size` rows and
+//! `max_batch_tokens` tokens, steps every row, and answers a job once its last text is done.
+//! Unlike CTranslate2's static batches, a new request joins the batch that is already running
+//! instead of waiting for it to drain.
 //!
-//! A job whose client went away (timeout, disconnect) leaves the queue or the batch at the
-//! next step; nobody else's rows are touched.
+//! Texts, not whole jobs, join the batch: a request larger than the free rows does not wait
+//! for the batch to drain, and does not hold the rows of everyone behind it. Each free row goes
+//! to the waiting job that holds the fewest rows, the earliest of those on a tie (a job's own
+//! texts join in order). So a request behind a big one gets the next free row, since the big
+//! one holds rows and it holds none; the big one keeps the rows it has and takes more as they
+//! free up, and when it holds none it is the earliest of those that hold none, so it always
+//! advances. With FIFO by arrival instead, a small request waited for every text of the
+//! requests ahead of it. Without batching a job joins whole, alone.
+//!
+//! At the door, [`crate::admission`] refuses requests whose expected finish is past
+//! `--max-queue-wait`; the worker keeps the numbers it decides on (work left, speed) current.
+//!
+//! A job whose client went away (timeout, disconnect) leaves the queue and the batch at the
+//! next step, waiting texts and running rows alike; nobody else's rows are touched.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use prometheus::{Histogram, IntGauge};
+use prometheus::{Gauge, Histogram, IntGauge};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
 
+use crate::admission::{AdmissionPolicy, Admitted, JobId, Load, Progress, Refusal};
 use crate::backend::{Backend, BackendError};
 use crate::decode::{DecodeInput, DecodeOutput, RunningBatch, SpecialIds};
 
@@ -44,16 +56,83 @@ pub struct SchedulerConfig {
     pub max_batch_tokens: usize,
     /// Most requests waiting to join the batch; more are refused (429).
     pub max_queued_requests: usize,
+    /// Requests expected to finish later than this are refused (429); see
+    /// [`crate::admission`].
+    pub max_queue_wait: Duration,
+}
+
+impl SchedulerConfig {
+    fn admission(&self) -> AdmissionPolicy {
+        AdmissionPolicy {
+            batching: self.batching,
+            max_batch_size: self.max_batch_size,
+            max_queued_requests: self.max_queued_requests.max(1),
+            max_queue_wait: self.max_queue_wait,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum TranslateError {
-    #[error("the model queue is full ({0} requests waiting); retry later")]
-    Overloaded(usize),
+    #[error(
+        "the model queue is full ({queued} requests waiting); retry in {} s",
+        retry_after.as_secs()
+    )]
+    QueueFull {
+        queued: usize,
+        retry_after: Duration,
+    },
+    #[error(
+        "the model would take about {:.1} s to finish the work it has and this request, more \
+         than the {:.1} s allowed (--max-queue-wait); retry in {} s, when the work it has now \
+         should be done",
+        expected.as_secs_f64(),
+        limit.as_secs_f64(),
+        retry_after.as_secs()
+    )]
+    Busy {
+        expected: Duration,
+        limit: Duration,
+        retry_after: Duration,
+    },
     #[error("the model worker is not running")]
     Stopped,
     #[error("translation failed: {0}")]
     Backend(#[from] BackendError),
+}
+
+impl TranslateError {
+    /// When a refused request may expect to be accepted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            TranslateError::QueueFull { retry_after, .. }
+            | TranslateError::Busy { retry_after, .. } => Some(*retry_after),
+            TranslateError::Stopped | TranslateError::Backend(_) => None,
+        }
+    }
+}
+
+impl From<Refusal> for TranslateError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::QueueFull {
+                queued,
+                retry_after,
+            } => TranslateError::QueueFull {
+                queued,
+                retry_after,
+            },
+            Refusal::TooLong {
+                expected,
+                limit,
+                retry_after,
+            } => TranslateError::Busy {
+                expected,
+                limit,
+                retry_after,
+            },
+        }
+    }
 }
 
 /// One text's result.
@@ -68,15 +147,20 @@ pub struct SequenceResult {
 #[derive(Clone, Debug)]
 pub struct Finished {
     pub sequences: Vec<SequenceResult>,
-    /// From [`Translator::translate`] to joining the batch.
+    /// From [`Translator::translate`] to its first text joining the batch.
     pub queue_time: Duration,
-    /// From joining the batch to the last text's last token.
+    /// From its first text joining the batch to the last text's last token.
     pub inference_time: Duration,
 }
 
+type Reply = oneshot::Sender<Result<Finished, BackendError>>;
+
 struct Job {
     inputs: Vec<DecodeInput>,
-    reply: oneshot::Sender<Result<Finished, BackendError>>,
+    /// Its number, and each text's expected output tokens, as the door counted them in the
+    /// load.
+    admitted: Admitted,
+    reply: Reply,
     /// The request's span: the worker's spans for this job are its children.
     span: Span,
     /// Open while the job waits; closing it logs the queue time.
@@ -90,6 +174,22 @@ pub struct WorkerMetrics {
     pub batch_size: Histogram,
     pub queue_depth: IntGauge,
     pub sequences_in_flight: IntGauge,
+    pub expected_queue_wait: Gauge,
+    pub throughput: Gauge,
+}
+
+/// What the door and the worker share.
+struct Shared {
+    load: Mutex<Load>,
+    policy: AdmissionPolicy,
+}
+
+impl Shared {
+    fn load(&self) -> MutexGuard<'_, Load> {
+        // The load is plain numbers, consistent after any statement: a panic elsewhere while
+        // it was held leaves nothing half-done.
+        self.load.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Cheap to clone handle to the model worker. The worker thread ends when the last handle
@@ -97,8 +197,7 @@ pub struct WorkerMetrics {
 #[derive(Clone)]
 pub struct Translator {
     sender: mpsc::UnboundedSender<Job>,
-    queued: Arc<AtomicUsize>,
-    max_queued: usize,
+    shared: Arc<Shared>,
     metrics: WorkerMetrics,
 }
 
@@ -114,27 +213,17 @@ impl Translator {
         B: Backend + Send + 'static,
     {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let queued = Arc::new(AtomicUsize::new(0));
+        let shared = Arc::new(Shared {
+            load: Mutex::new(Load::default()),
+            policy: config.admission(),
+        });
         let translator = Translator {
             sender,
-            queued: queued.clone(),
-            max_queued: config.max_queued_requests.max(1),
+            shared: shared.clone(),
             metrics: metrics.clone(),
         };
         // The batch is created on the worker thread: the backend's rows need not be `Send`.
-        let start = move || Worker {
-            backend,
-            special,
-            config,
-            metrics,
-            queued,
-            receiver,
-            waiting: VecDeque::new(),
-            active: HashMap::new(),
-            next_job: 0,
-            batch: RunningBatch::default(),
-            batch_tokens: 0,
-        };
+        let start = move || Worker::new(backend, special, config, metrics, shared, receiver);
         let handle = std::thread::Builder::new()
             .name("model-worker".into())
             .spawn(move || start().run())?;
@@ -142,26 +231,30 @@ impl Translator {
     }
 
     /// Decodes `inputs` (in the running batch, with whoever else is there); results come
-    /// back in input order. Dropping the future withdraws the job.
+    /// back in input order. Refused at once when the model would not finish it within
+    /// `--max-queue-wait`, or too many requests wait. Dropping the future withdraws the job.
     pub async fn translate(&self, inputs: Vec<DecodeInput>) -> Result<Finished, TranslateError> {
-        let max = self.max_queued;
-        self.queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .map_err(|_| TranslateError::Overloaded(max))?;
+        let admitted = {
+            let mut load = self.shared.load();
+            let admitted = load.admit(&self.shared.policy, &inputs);
+            self.metrics
+                .expected_queue_wait
+                .set(load.expected_wait().as_secs_f64());
+            admitted?
+        };
         self.metrics.queue_depth.inc();
         let (reply, answer) = oneshot::channel();
         let span = Span::current();
         let job = Job {
             inputs,
+            admitted,
             reply,
             queue_span: tracing::info_span!(parent: &span, "queue"),
             span,
             enqueued: Instant::now(),
         };
-        if self.sender.send(job).is_err() {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
+        if let Err(mpsc::error::SendError(job)) = self.sender.send(job) {
+            self.shared.load().withdraw(&job.admitted, job.inputs.len());
             self.metrics.queue_depth.dec();
             return Err(TranslateError::Stopped);
         }
@@ -170,34 +263,72 @@ impl Translator {
     }
 }
 
-/// A job in the batch.
+/// Where one text of a job is.
+enum Text {
+    Waiting(DecodeInput),
+    /// In the batch (or joining it) since `joined`. `left`: the tokens of its expected output
+    /// still counted in the load, at least 1 until it finishes.
+    Running {
+        joined: Instant,
+        left: u64,
+    },
+    Done(SequenceResult),
+}
+
+/// Sizes of one text, for the batch's token count and the load.
+#[derive(Clone, Copy)]
+struct TextSize {
+    /// Source plus output budget: what it counts against `max_batch_tokens`.
+    budget: usize,
+    source: usize,
+    max_output: usize,
+    expected_output: usize,
+}
+
+/// A job the worker has received and not yet answered.
 struct ActiveJob {
-    reply: oneshot::Sender<Result<Finished, BackendError>>,
-    results: Vec<Option<SequenceResult>>,
-    budgets: Vec<usize>,
+    reply: Reply,
+    span: Span,
+    /// Open until the first text joins.
+    queue_span: Option<Span>,
+    /// Open from the first text joining until the job is answered.
+    decode_span: Option<Span>,
+    enqueued: Instant,
+    /// When the first text joined.
+    admitted: Option<Instant>,
+    texts: Vec<Text>,
+    sizes: Vec<TextSize>,
+    /// Texts join in order: those from this index on are waiting.
+    next: usize,
+    /// Texts in the batch.
+    rows: usize,
+    /// Texts not done.
     remaining: usize,
-    queue_time: Duration,
-    admitted: Instant,
-    /// Open while the job's texts decode.
-    decode_span: Span,
+}
+
+impl ActiveJob {
+    fn waiting(&self) -> bool {
+        self.next < self.texts.len()
+    }
 }
 
 /// Rows are tagged with (job, text index).
-type Tag = (u64, usize);
+type Tag = (JobId, usize);
 
 struct Worker<B: Backend> {
     backend: B,
     special: SpecialIds,
     config: SchedulerConfig,
     metrics: WorkerMetrics,
-    queued: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
     receiver: mpsc::UnboundedReceiver<Job>,
-    waiting: VecDeque<Job>,
-    active: HashMap<u64, ActiveJob>,
-    next_job: u64,
+    /// By acceptance at the door.
+    jobs: BTreeMap<JobId, ActiveJob>,
     batch: RunningBatch<B, Tag>,
-    /// Sum of the token budgets of the rows in the batch.
+    /// Sum of the token budgets of the texts in the batch.
     batch_tokens: usize,
+    /// What this turn did, for the load.
+    progress: Progress,
 }
 
 /// Runs `f`, turning a panic into a backend error: a bug in the loop fails the jobs at
@@ -216,144 +347,213 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendE
 }
 
 impl<B: Backend> Worker<B> {
+    fn new(
+        backend: B,
+        special: SpecialIds,
+        config: SchedulerConfig,
+        metrics: WorkerMetrics,
+        shared: Arc<Shared>,
+        receiver: mpsc::UnboundedReceiver<Job>,
+    ) -> Self {
+        Worker {
+            backend,
+            special,
+            config,
+            metrics,
+            shared,
+            receiver,
+            jobs: BTreeMap::new(),
+            batch: RunningBatch::default(),
+            batch_tokens: 0,
+            progress: Progress::default(),
+        }
+    }
+
     fn run(mut self) {
         loop {
-            if self.batch.is_empty() && self.waiting.is_empty() {
+            if self.batch.is_empty() && !self.has_waiting() {
                 match self.receiver.blocking_recv() {
-                    Some(job) => self.waiting.push_back(job),
+                    Some(job) => self.receive(job),
                     None => break,
                 }
             }
             while let Ok(job) = self.receiver.try_recv() {
-                self.waiting.push_back(job);
+                self.receive(job);
             }
             self.turn();
         }
         tracing::debug!("model worker stopped");
     }
 
-    /// One turn of the loop: the queue and the batch lose abandoned jobs, waiting jobs join,
+    fn has_waiting(&self) -> bool {
+        self.jobs.values().any(ActiveJob::waiting)
+    }
+
+    fn receive(&mut self, job: Job) {
+        let id = job.admitted.id;
+        let sizes = job
+            .inputs
+            .iter()
+            .zip(&job.admitted.expected_outputs)
+            .map(|(input, &expected_output)| TextSize {
+                budget: input.token_budget(),
+                source: input.source_ids.len(),
+                max_output: input.max_output_tokens,
+                expected_output,
+            })
+            .collect();
+        let texts = job.inputs.len();
+        self.jobs.insert(
+            id,
+            ActiveJob {
+                reply: job.reply,
+                span: job.span,
+                queue_span: Some(job.queue_span),
+                decode_span: None,
+                enqueued: job.enqueued,
+                admitted: None,
+                texts: job.inputs.into_iter().map(Text::Waiting).collect(),
+                sizes,
+                next: 0,
+                rows: 0,
+                remaining: texts,
+            },
+        );
+    }
+
+    /// One turn of the loop: the queue and the batch lose abandoned jobs, waiting texts join,
     /// and every row takes one step.
     fn turn(&mut self) {
+        let started = Instant::now();
         self.drop_abandoned();
         self.admit();
-        if self.batch.is_empty() {
-            return;
+        if !self.batch.is_empty() {
+            self.metrics.batch_size.observe(self.batch.rows() as f64);
+            self.metrics
+                .sequences_in_flight
+                .set(self.batch.len() as i64);
+            self.count_step();
+            let special = self.special;
+            let (backend, batch) = (&mut self.backend, &mut self.batch);
+            match guarded(|| batch.step(backend, special)) {
+                Ok(finished) => {
+                    // Before the replies: a client holding its answer must not still count
+                    // itself in flight.
+                    self.metrics
+                        .sequences_in_flight
+                        .set(self.batch.len() as i64);
+                    for (tag, output) in finished {
+                        self.finish_sequence(tag, output);
+                    }
+                }
+                Err(error) => self.fail_batch(error),
+            }
         }
-        self.metrics.batch_size.observe(self.batch.rows() as f64);
+        // Also when every row left before the step: the gauge must not keep the last count.
         self.metrics
             .sequences_in_flight
             .set(self.batch.len() as i64);
-        let special = self.special;
-        let (backend, batch) = (&mut self.backend, &mut self.batch);
-        match guarded(|| batch.step(backend, special)) {
-            Ok(finished) => {
-                // Before the replies: a client holding its answer must not still count
-                // itself in flight.
-                self.metrics
-                    .sequences_in_flight
-                    .set(self.batch.len() as i64);
-                for (tag, output) in finished {
-                    self.finish_sequence(tag, output);
+        self.publish(started.elapsed());
+    }
+
+    /// Every live row takes a token of its expected output off the load.
+    fn count_step(&mut self) {
+        for &(id, text) in self.batch.tags() {
+            self.progress.processed += 1;
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            if let Text::Running { left, .. } = &mut job.texts[text] {
+                if *left > 1 {
+                    *left -= 1;
+                    self.progress.done(id, 1);
                 }
             }
-            Err(error) => self.fail_batch(error),
         }
+    }
+
+    /// Hands the turn's progress to the door's estimate.
+    fn publish(&mut self, busy: Duration) {
+        let progress = std::mem::take(&mut self.progress);
+        let mut load = self.shared.load();
+        load.apply(&progress, self.batch.len(), busy);
         self.metrics
-            .sequences_in_flight
-            .set(self.batch.len() as i64);
+            .expected_queue_wait
+            .set(load.expected_wait().as_secs_f64());
+        self.metrics
+            .throughput
+            .set(load.throughput.tokens_per_second());
     }
 
-    fn dequeue(&self, count: usize) {
-        self.queued.fetch_sub(count, Ordering::AcqRel);
-        self.metrics.queue_depth.sub(count as i64);
+    /// A request left the queue: it has no text waiting any more.
+    fn dequeued(&mut self) {
+        self.progress.requests_dequeued += 1;
+        self.metrics.queue_depth.dec();
     }
 
-    /// Jobs whose client left: out of the queue, and their rows out of the batch.
+    /// Jobs whose client left: their waiting texts out of the queue, their rows out of the
+    /// batch.
     fn drop_abandoned(&mut self) {
-        let before = self.waiting.len();
-        self.waiting.retain(|job| !job.reply.is_closed());
-        self.dequeue(before - self.waiting.len());
-
-        let gone: Vec<u64> = self
-            .active
+        let gone: Vec<JobId> = self
+            .jobs
             .iter()
             .filter(|(_, job)| job.reply.is_closed())
             .map(|(&id, _)| id)
             .collect();
-        if gone.is_empty() {
-            return;
-        }
-        let (backend, batch) = (&mut self.backend, &mut self.batch);
-        match guarded(|| batch.cancel(backend, |(job, _)| gone.contains(job))) {
-            Ok(removed) => {
-                for (job, text) in removed {
-                    self.batch_tokens -= self.active[&job].budgets[text];
-                }
-                for id in gone {
-                    let job = self.active.remove(&id).expect("gone jobs are active");
-                    job.decode_span
-                        .in_scope(|| tracing::info!("client went away; its texts left the batch"));
-                }
-            }
-            Err(error) => self.fail_batch(error),
+        if !gone.is_empty() {
+            self.remove_jobs(&gone, None);
         }
     }
 
-    /// Moves waiting jobs into the batch, first come first served, while they fit.
+    /// The waiting job whose turn it is: the one holding the fewest rows, then the earliest.
+    fn next_in_turn(&self) -> Option<JobId> {
+        self.jobs
+            .iter()
+            .filter(|(_, job)| job.waiting())
+            .min_by_key(|(&id, job)| (job.rows, id))
+            .map(|(&id, _)| id)
+    }
+
+    /// Moves waiting texts into the batch while they fit, one row at a time to the job whose
+    /// turn it is (see the module's documentation).
     fn admit(&mut self) {
         let mut joining: Vec<(Tag, DecodeInput)> = Vec::new();
-        let mut admitted = Vec::new();
-        while let Some(job) = self.waiting.front() {
-            let rows = job.inputs.len();
-            let tokens: usize = job.inputs.iter().map(DecodeInput::token_budget).sum();
-            let rows_before = self.batch.len() + joining.len();
-            // Alone, any job runs: one larger than the limits must not starve.
-            let fits = rows_before == 0
-                || (self.config.batching == Batching::Continuous
-                    && rows_before + rows <= self.config.max_batch_size
-                    && self.batch_tokens + tokens <= self.config.max_batch_tokens);
-            if !fits {
-                break;
+        let now = Instant::now();
+        match self.config.batching {
+            Batching::Off => {
+                let first = self.jobs.iter().find(|(_, job)| job.waiting());
+                if let (true, Some((&id, _))) = (self.batch.is_empty(), first) {
+                    while self.jobs[&id].waiting() {
+                        self.take_text(id, now, &mut joining);
+                    }
+                }
             }
-            let job = self.waiting.pop_front().expect("front exists");
-            let id = self.next_job;
-            self.next_job += 1;
-            self.batch_tokens += tokens;
-            let now = Instant::now();
-            let budgets: Vec<usize> = job.inputs.iter().map(DecodeInput::token_budget).collect();
-            joining.extend(
-                job.inputs
-                    .into_iter()
-                    .enumerate()
-                    .map(|(text, input)| ((id, text), input)),
-            );
-            drop(job.queue_span);
-            let decode_span = tracing::info_span!(parent: &job.span, "decode", texts = rows);
-            admitted.push(id);
-            self.active.insert(
-                id,
-                ActiveJob {
-                    reply: job.reply,
-                    results: vec![None; rows],
-                    budgets,
-                    remaining: rows,
-                    queue_time: now - job.enqueued,
-                    admitted: now,
-                    decode_span,
-                },
-            );
+            Batching::Continuous => {
+                while let Some(id) = self.next_in_turn() {
+                    let job = &self.jobs[&id];
+                    let tokens = job.sizes[job.next].budget;
+                    let rows = self.batch.len() + joining.len();
+                    // Alone, any text runs: one larger than the token limit must not starve.
+                    let fits = rows == 0
+                        || (rows < self.config.max_batch_size
+                            && self.batch_tokens + tokens <= self.config.max_batch_tokens);
+                    if !fits {
+                        break;
+                    }
+                    self.take_text(id, now, &mut joining);
+                }
+            }
         }
-        if admitted.is_empty() {
+        if joining.is_empty() {
             return;
         }
-        self.dequeue(admitted.len());
-        let encode_spans: Vec<Span> = admitted
+        let mut ids: Vec<JobId> = joining.iter().map(|&((id, _), _)| id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let encode_spans: Vec<Span> = ids
             .iter()
-            .map(|id| {
-                let parent = &self.active[id].decode_span;
-                tracing::info_span!(parent: parent, "encode", joining = joining.len())
-            })
+            .filter_map(|id| self.jobs[id].decode_span.as_ref())
+            .map(|parent| tracing::info_span!(parent: parent, "encode", joining = joining.len()))
             .collect();
         let (backend, batch) = (&mut self.backend, &mut self.batch);
         let result = guarded(|| batch.join(backend, joining));
@@ -364,68 +564,158 @@ impl<B: Backend> Worker<B> {
                     self.finish_sequence(tag, output);
                 }
             }
-            Err(error) => {
-                // The running rows are intact (a failed join stores nothing); only the
-                // jobs that tried to join fail.
-                for id in admitted {
-                    self.fail_job(id, &error);
-                }
-            }
+            // The running rows are intact (a failed join stores nothing); only the jobs that
+            // tried to join fail, with their rows already running.
+            Err(error) => self.remove_jobs(&ids, Some(&error)),
         }
     }
 
+    /// Takes job `id`'s next waiting text for the batch.
+    fn take_text(&mut self, id: JobId, now: Instant, joining: &mut Vec<(Tag, DecodeInput)>) {
+        let job = self.jobs.get_mut(&id).expect("a waiting job");
+        let text = job.next;
+        job.next += 1;
+        job.rows += 1;
+        let size = job.sizes[text];
+        let running = Text::Running {
+            joined: now,
+            left: size.expected_output as u64,
+        };
+        let Text::Waiting(input) = std::mem::replace(&mut job.texts[text], running) else {
+            unreachable!("texts from `next` on are waiting")
+        };
+        if job.admitted.is_none() {
+            job.admitted = Some(now);
+            job.queue_span = None;
+            job.decode_span = Some(tracing::info_span!(
+                parent: &job.span,
+                "decode",
+                texts = job.texts.len()
+            ));
+        }
+        let dequeued = !job.waiting();
+        self.batch_tokens += size.budget;
+        // The source is encoded now.
+        self.progress.done(id, size.source as u64);
+        self.progress.processed += size.source as u64;
+        self.progress.texts_dequeued += 1;
+        if dequeued {
+            self.dequeued();
+        }
+        joining.push(((id, text), input));
+    }
+
     fn finish_sequence(&mut self, (id, text): Tag, output: DecodeOutput) {
-        let Some(job) = self.active.get_mut(&id) else {
+        let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
-        self.batch_tokens -= job.budgets[text];
-        job.results[text] = Some(SequenceResult {
+        let size = job.sizes[text];
+        let Text::Running { joined, left } = job.texts[text] else {
+            return;
+        };
+        self.batch_tokens = self.batch_tokens.saturating_sub(size.budget);
+        self.progress.done(id, left);
+        self.progress
+            .outputs
+            .push((output.ids.len(), size.max_output));
+        job.rows -= 1;
+        job.texts[text] = Text::Done(SequenceResult {
             output,
-            decode_time: job.admitted.elapsed(),
+            decode_time: joined.elapsed(),
         });
         job.remaining -= 1;
         if job.remaining > 0 {
             return;
         }
-        let job = self.active.remove(&id).expect("present");
+        let job = self.jobs.remove(&id).expect("present");
+        let admitted = job.admitted.expect("its texts joined");
         let finished = Finished {
             sequences: job
-                .results
+                .texts
                 .into_iter()
-                .map(|r| r.expect("every text finished"))
+                .map(|text| match text {
+                    Text::Done(result) => result,
+                    _ => unreachable!("every text finished"),
+                })
                 .collect(),
-            queue_time: job.queue_time,
-            inference_time: job.admitted.elapsed(),
+            queue_time: admitted - job.enqueued,
+            inference_time: admitted.elapsed(),
         };
         // The client may have gone between the last check and now: nothing to do then.
         let _ = job.reply.send(Ok(finished));
     }
 
-    fn fail_job(&mut self, id: u64, error: &BackendError) {
-        if let Some(job) = self.active.remove(&id) {
-            job.decode_span.in_scope(|| tracing::error!("{error}"));
-            let budget: usize = job
-                .results
-                .iter()
-                .zip(&job.budgets)
-                .filter(|(r, _)| r.is_none())
-                .map(|(_, b)| b)
-                .sum();
-            self.batch_tokens = self.batch_tokens.saturating_sub(budget);
-            let _ = job.reply.send(Err(error.clone()));
+    /// Takes jobs out of the queue and the batch, answering `error` (nothing when their
+    /// client left).
+    fn remove_jobs(&mut self, ids: &[JobId], error: Option<&BackendError>) {
+        let with_rows: Vec<JobId> = ids
+            .iter()
+            .copied()
+            .filter(|id| self.jobs.get(id).is_some_and(|job| job.rows > 0))
+            .collect();
+        if !with_rows.is_empty() {
+            let (backend, batch) = (&mut self.backend, &mut self.batch);
+            if let Err(cancel_error) =
+                guarded(|| batch.cancel(backend, |(job, _)| with_rows.contains(job)))
+            {
+                // Removes these jobs too (they had rows), answering the cancel's error.
+                self.fail_batch(cancel_error);
+            }
+        }
+        for id in ids {
+            let Some(job) = self.jobs.remove(id) else {
+                continue;
+            };
+            self.forget(*id, &job);
+            let span = job.decode_span.as_ref().unwrap_or(&job.span);
+            match error {
+                Some(error) => {
+                    span.in_scope(|| tracing::error!("{error}"));
+                    let _ = job.reply.send(Err(error.clone()));
+                }
+                None => span.in_scope(|| {
+                    tracing::info!("client went away; its texts left the queue and the batch")
+                }),
+            }
         }
     }
 
-    /// A decoder step failed: the rows cannot be told apart any more, so every job in the
-    /// batch fails and the batch starts afresh. Queued jobs are untouched.
+    /// Takes a removed job's unfinished texts off the queue, the batch's tokens and the load.
+    fn forget(&mut self, id: JobId, job: &ActiveJob) {
+        for (text, size) in job.texts.iter().zip(&job.sizes) {
+            match text {
+                Text::Waiting(_) => {
+                    self.progress
+                        .done(id, (size.source + size.expected_output) as u64);
+                    self.progress.texts_dequeued += 1;
+                }
+                Text::Running { left, .. } => {
+                    self.progress.done(id, *left);
+                    self.batch_tokens = self.batch_tokens.saturating_sub(size.budget);
+                }
+                Text::Done(_) => {}
+            }
+        }
+        if job.waiting() {
+            self.dequeued();
+        }
+    }
+
+    /// A decoder step failed: the rows cannot be told apart any more, so every job with a row
+    /// in the batch fails (its waiting texts with it) and the batch starts afresh. Jobs without
+    /// rows are untouched.
     fn fail_batch(&mut self, error: BackendError) {
         let tags = self.batch.clear();
-        let mut jobs: Vec<u64> = tags.into_iter().map(|(id, _)| id).collect();
-        jobs.sort_unstable();
-        jobs.dedup();
-        for id in jobs {
-            self.fail_job(id, &error);
+        let mut ids: Vec<JobId> = tags.into_iter().map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        for id in &ids {
+            // Their rows are gone with the batch: nothing to cancel.
+            if let Some(job) = self.jobs.get_mut(id) {
+                job.rows = 0;
+            }
         }
+        self.remove_jobs(&ids, Some(&error));
         self.batch_tokens = 0;
     }
 }
@@ -433,8 +723,8 @@ impl<B: Backend> Worker<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::testing::{CopyBackend, SPECIAL};
     use crate::metrics::Metrics;
+    use crate::testing::{CopyBackend, SPECIAL};
 
     fn metrics() -> WorkerMetrics {
         Metrics::new().worker("test")
@@ -446,6 +736,7 @@ mod tests {
             max_batch_size: 8,
             max_batch_tokens: 1000,
             max_queued_requests: 4,
+            max_queue_wait: Duration::from_secs(60),
         }
     }
 
@@ -453,6 +744,11 @@ mod tests {
         let mut ids = words.to_vec();
         ids.push(SPECIAL.eos.into());
         DecodeInput::new(ids, 20)
+    }
+
+    /// Ten words: 11 decoder steps.
+    fn long_text() -> DecodeInput {
+        text(&[4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
     }
 
     #[tokio::test]
@@ -478,42 +774,91 @@ mod tests {
 
     type Answer = oneshot::Receiver<Result<Finished, BackendError>>;
 
-    /// A worker that is not running, with `jobs` waiting.
+    /// A worker that is not running, with `jobs` accepted at the door and received.
     fn worker_with(
         config: SchedulerConfig,
         jobs: &[Vec<DecodeInput>],
     ) -> (Worker<CopyBackend>, Vec<Answer>) {
         let (_sender, receiver) = mpsc::unbounded_channel();
-        let mut worker = Worker {
-            backend: CopyBackend::default(),
-            special: SPECIAL,
+        let shared = Arc::new(Shared {
+            load: Mutex::new(Load::default()),
+            policy: config.admission(),
+        });
+        let mut worker = Worker::new(
+            CopyBackend::default(),
+            SPECIAL,
             config,
-            metrics: metrics(),
-            queued: Arc::new(AtomicUsize::new(jobs.len())),
+            metrics(),
+            shared,
             receiver,
-            waiting: VecDeque::new(),
-            active: HashMap::new(),
-            next_job: 0,
-            batch: RunningBatch::default(),
-            batch_tokens: 0,
-        };
-        let mut answers = Vec::new();
-        for inputs in jobs {
-            let (reply, answer) = oneshot::channel();
-            answers.push(answer);
-            worker.waiting.push_back(Job {
-                inputs: inputs.clone(),
-                reply,
-                span: Span::none(),
-                queue_span: Span::none(),
-                enqueued: Instant::now(),
-            });
-        }
+        );
+        let answers = jobs
+            .iter()
+            .map(|inputs| accept(&mut worker, inputs.clone()))
+            .collect();
         (worker, answers)
     }
 
+    /// `inputs` through the door and into the worker, as `Translator::translate` sends them.
+    fn accept(worker: &mut Worker<CopyBackend>, inputs: Vec<DecodeInput>) -> Answer {
+        let shared = worker.shared.clone();
+        let admitted = shared.load().admit(&shared.policy, &inputs).unwrap();
+        worker.metrics.queue_depth.inc();
+        let (reply, answer) = oneshot::channel();
+        worker.receive(Job {
+            inputs,
+            admitted,
+            reply,
+            span: Span::none(),
+            queue_span: Span::none(),
+            enqueued: Instant::now(),
+        });
+        answer
+    }
+
+    /// Turns until nothing is left; how many.
+    fn run_to_the_end(worker: &mut Worker<CopyBackend>) -> usize {
+        let mut turns = 0;
+        while !worker.batch.is_empty() || worker.has_waiting() {
+            worker.turn();
+            turns += 1;
+        }
+        turns
+    }
+
+    fn waiting_jobs(worker: &Worker<CopyBackend>) -> usize {
+        worker.jobs.values().filter(|job| job.waiting()).count()
+    }
+
+    /// Nothing is counted as queued, running or in the batch's tokens any more.
+    fn assert_drained(worker: &Worker<CopyBackend>) {
+        let load = worker.shared.load().clone();
+        assert_eq!(
+            (
+                load.work,
+                load.waiting_texts,
+                load.queued_requests,
+                load.batch_rows
+            ),
+            (0, 0, 0, 0)
+        );
+        assert_eq!(worker.batch_tokens, 0);
+        assert_eq!(worker.metrics.queue_depth.get(), 0);
+        assert_eq!(worker.metrics.sequences_in_flight.get(), 0);
+        assert!(worker.jobs.is_empty());
+    }
+
+    fn ids(answer: &mut Answer) -> Vec<Vec<u32>> {
+        let finished: Finished = answer.try_recv().unwrap().unwrap();
+        finished
+            .sequences
+            .into_iter()
+            .map(|s| s.output.ids)
+            .collect()
+    }
+
     #[test]
-    fn waiting_jobs_join_the_running_batch_within_the_limits() {
+    fn waiting_texts_join_the_running_batch_within_the_limits() {
         let jobs = vec![
             vec![text(&[4, 5, 6, 7, 8])],
             vec![text(&[9]), text(&[10, 11])],
@@ -524,66 +869,189 @@ mod tests {
         cfg.max_batch_size = 3;
         let (mut worker, mut answers) = worker_with(cfg, &jobs);
         worker.admit();
-        // Jobs 0 and 1 fill the three rows; job 2 waits.
+        // One row each for jobs 0, 1 and 2; job 1's second text and job 3 wait.
         assert_eq!(worker.batch.len(), 3);
-        assert_eq!(worker.waiting.len(), 2);
-        assert_eq!(worker.queued.load(Ordering::SeqCst), 2);
-        let mut steps = 0;
-        while !worker.batch.is_empty() || !worker.waiting.is_empty() {
-            worker.turn();
-            steps += 1;
-        }
-        // A text of n words takes n + 1 steps (the last one gives EOS). Job 1's texts leave
-        // after steps 2 and 3, and jobs 2 and 3 take their rows while job 0 still runs: 6
-        // steps in all, where one request at a time would take 6 + 3 + 4 + 2.
-        assert_eq!(steps, 6);
+        assert_eq!(waiting_jobs(&worker), 2);
+        assert_eq!(worker.metrics.queue_depth.get(), 2);
+        // A text of n words takes n + 1 steps (the last one gives EOS). Job 1's first text
+        // leaves after step 2 and its second takes the row (job 1 holds none, like job 3,
+        // and came first); job 2 leaves after step 4 and job 3 takes its row; all are done
+        // when job 0 is, after 6 steps, where one request at a time would take 6 + 3 + 4 + 2.
+        assert_eq!(run_to_the_end(&mut worker), 6);
         assert_eq!(worker.backend.step_sizes, vec![3, 3, 3, 3, 3, 2]);
-        let ids = |answer: &mut Answer| -> Vec<Vec<u32>> {
-            let finished: Finished = answer.try_recv().unwrap().unwrap();
-            finished
-                .sequences
-                .into_iter()
-                .map(|s| s.output.ids)
-                .collect()
-        };
         assert_eq!(ids(&mut answers[0]), vec![vec![4, 5, 6, 7, 8]]);
         assert_eq!(ids(&mut answers[1]), vec![vec![9], vec![10, 11]]);
         assert_eq!(ids(&mut answers[2]), vec![vec![12, 13, 14]]);
         assert_eq!(ids(&mut answers[3]), vec![vec![15]]);
-        assert_eq!(worker.batch_tokens, 0);
+        assert_drained(&worker);
+    }
+
+    #[test]
+    fn a_small_job_behind_a_big_one_gets_a_row_at_once() {
+        // Eight texts of ten words (11 steps each) do not fit the 4 rows; one text of one word
+        // (2 steps) arrives right behind them.
+        let jobs = vec![vec![long_text(); 8], vec![text(&[15])]];
+        let mut cfg = config(Batching::Continuous);
+        cfg.max_batch_size = 4;
+        let (mut worker, mut answers) = worker_with(cfg, &jobs);
+        let mut done_at = [None, None];
+        for step in 1..=40 {
+            worker.turn();
+            for (job, answer) in answers.iter_mut().enumerate() {
+                if done_at[job].is_none() && answer.try_recv().is_ok() {
+                    done_at[job] = Some(step);
+                }
+            }
+        }
+        // Admitting whole jobs ran the big one alone (8 rows, over the limit) and the small one
+        // after it, at step 13. Texts take turns: the small one shares the first step.
+        assert_eq!(done_at[1], Some(2));
+        assert!(
+            worker.backend.step_sizes.iter().all(|&rows| rows <= 4),
+            "{:?}",
+            worker.backend.step_sizes
+        );
+        // The big one kept three rows meanwhile, and all four after: 2 waves of 11 steps, the
+        // late joiners 2 steps behind.
+        assert_eq!(done_at[0], Some(24));
+        assert_drained(&worker);
+    }
+
+    #[test]
+    fn rows_go_to_the_job_holding_the_fewest() {
+        let mut cfg = config(Batching::Continuous);
+        cfg.max_batch_size = 3;
+        // Job 0 fills the batch with texts of 1, 2 and 3 words (leaving after steps 2, 3, 4).
+        let first = vec![text(&[4]), text(&[4, 5]), text(&[4, 5, 6])];
+        let (mut worker, _answers) = worker_with(cfg, &[first]);
+        worker.turn();
+        // Then jobs 1 and 2 come, with two long texts each.
+        let _later: Vec<Answer> = (0..2)
+            .map(|_| accept(&mut worker, vec![long_text(); 2]))
+            .collect();
+        let held = |worker: &Worker<CopyBackend>| -> Vec<usize> {
+            worker.jobs.values().map(|job| job.rows).collect()
+        };
+        worker.turn();
+        assert_eq!(held(&worker), vec![2, 0, 0]);
+        // The freed rows go to job 1, then job 2 (which holds none while job 1 holds one),
+        // then job 1 again; by arrival, job 1 would have taken two before job 2 had one.
+        worker.turn();
+        assert_eq!(held(&worker), vec![1, 1, 0]);
+        worker.turn();
+        assert_eq!(held(&worker), vec![1, 1], "job 0 is done");
+        worker.turn();
+        assert_eq!(held(&worker), vec![2, 1]);
+        run_to_the_end(&mut worker);
+        assert_drained(&worker);
     }
 
     #[test]
     fn without_batching_one_request_runs_at_a_time() {
-        let jobs = vec![vec![text(&[4, 5])], vec![text(&[6])]];
+        let jobs = vec![vec![text(&[4, 5]), text(&[7])], vec![text(&[6])]];
         let (mut worker, _answers) = worker_with(config(Batching::Off), &jobs);
         worker.admit();
-        assert_eq!(worker.batch.len(), 1);
-        assert_eq!(worker.waiting.len(), 1);
+        assert_eq!(worker.batch.len(), 2);
+        assert_eq!(waiting_jobs(&worker), 1);
+        run_to_the_end(&mut worker);
+        assert_eq!(worker.backend.step_sizes, vec![2, 2, 1, 1, 1]);
+        assert_drained(&worker);
     }
 
     #[test]
     fn abandoned_jobs_leave_the_queue_and_the_batch() {
         let jobs = vec![
             vec![text(&[4, 5, 6])],
-            vec![text(&[7, 8, 9])],
+            vec![text(&[7, 8, 9]), text(&[7, 8, 9])],
             vec![text(&[10])],
         ];
         let mut cfg = config(Batching::Continuous);
         cfg.max_batch_size = 2;
         let (mut worker, mut answers) = worker_with(cfg, &jobs);
         worker.turn();
-        // The clients of job 1 (running) and job 2 (waiting) give up.
+        // The clients of job 1 (one text running, one waiting) and job 2 (waiting) give up.
         answers.truncate(1);
         worker.drop_abandoned();
         assert_eq!(worker.batch.len(), 1);
-        assert!(worker.waiting.is_empty());
-        assert_eq!(worker.queued.load(Ordering::SeqCst), 0);
-        while !worker.batch.is_empty() {
-            worker.turn();
-        }
+        assert_eq!(waiting_jobs(&worker), 0);
+        assert_eq!(worker.metrics.queue_depth.get(), 0);
+        run_to_the_end(&mut worker);
         let finished = answers[0].try_recv().unwrap().unwrap();
         assert_eq!(finished.sequences[0].output.ids, vec![4, 5, 6]);
+        assert_drained(&worker);
+    }
+
+    #[test]
+    fn the_in_flight_gauge_falls_to_zero_when_every_client_leaves() {
+        let jobs = vec![vec![text(&[4, 5, 6, 7])], vec![text(&[8, 9, 10])]];
+        let (mut worker, answers) = worker_with(config(Batching::Continuous), &jobs);
+        worker.turn();
+        assert_eq!(worker.metrics.sequences_in_flight.get(), 2);
+        drop(answers);
+        worker.turn();
+        assert_eq!(worker.batch.len(), 0);
+        assert_eq!(worker.metrics.sequences_in_flight.get(), 0);
+        assert_drained(&worker);
+    }
+
+    #[test]
+    fn a_failed_step_fails_the_jobs_with_rows_and_spares_the_others() {
+        let jobs = vec![
+            vec![text(&[4, 5]), text(&[4, 5])],
+            vec![text(&[6])],
+            vec![text(&[7, 8])],
+        ];
+        let mut cfg = config(Batching::Continuous);
+        cfg.max_batch_size = 2;
+        let (mut worker, mut answers) = worker_with(cfg, &jobs);
+        worker.backend.fail = true;
+        worker.turn();
+        // Jobs 0 and 1 had the rows (job 0 with a text still waiting): both fail whole.
+        for answer in &mut answers[..2] {
+            let failed = answer.try_recv().unwrap();
+            assert!(failed.is_err(), "{failed:?}");
+        }
+        worker.backend.fail = false;
+        run_to_the_end(&mut worker);
+        assert_eq!(ids(&mut answers[2]), vec![vec![7, 8]]);
+        assert_drained(&worker);
+    }
+
+    #[tokio::test]
+    async fn small_requests_beside_a_large_one_are_answered_first() {
+        let backend = CopyBackend {
+            step_delay: Duration::from_millis(5),
+            ..Default::default()
+        };
+        let mut cfg = config(Batching::Continuous);
+        cfg.max_batch_size = 4;
+        cfg.max_queued_requests = 16;
+        let (translator, _handle) = Translator::spawn(backend, SPECIAL, cfg, metrics()).unwrap();
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let send = |name: &'static str, inputs: Vec<DecodeInput>| {
+            let (translator, done) = (translator.clone(), done.clone());
+            tokio::spawn(async move {
+                let finished = translator.translate(inputs).await.unwrap();
+                done.lock().unwrap().push(name);
+                finished
+            })
+        };
+        // 16 texts over 4 rows: about 44 steps. The small ones need 2 to 3 steps each once
+        // they hold a row.
+        let large = send("large", vec![long_text(); 16]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let small: Vec<_> = (0..6).map(|_| send("small", vec![text(&[4, 5])])).collect();
+        for request in small {
+            assert_eq!(request.await.unwrap().sequences[0].output.ids, vec![4, 5]);
+        }
+        let large = large.await.unwrap();
+        assert_eq!(large.sequences.len(), 16);
+        assert!(large
+            .sequences
+            .iter()
+            .all(|s| s.output.ids == vec![4, 5, 6, 7, 8, 9, 10, 11, 12, 13]));
+        let done = done.lock().unwrap().clone();
+        assert_eq!(done.last(), Some(&"large"), "{done:?}");
     }
 
     #[tokio::test]
@@ -602,8 +1070,48 @@ mod tests {
         assert!(matches!(err, TranslateError::Backend(_)), "{err}");
 
         // Fill the queue's four slots by hand; the fifth request is refused.
-        translator.queued.store(4, Ordering::SeqCst);
+        translator.shared.load().queued_requests = 4;
         let err = translator.translate(vec![text(&[4])]).await.unwrap_err();
-        assert!(matches!(err, TranslateError::Overloaded(4)), "{err}");
+        assert!(
+            matches!(err, TranslateError::QueueFull { queued: 4, .. }),
+            "{err}"
+        );
+        assert!(err.retry_after().unwrap() >= Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_request_expected_to_finish_too_late_is_refused_at_the_door() {
+        let backend = CopyBackend {
+            step_delay: Duration::from_millis(10),
+            ..Default::default()
+        };
+        let mut cfg = config(Batching::Continuous);
+        cfg.max_batch_size = 2;
+        cfg.max_queue_wait = Duration::from_millis(100);
+        let (translator, _handle) = Translator::spawn(backend, SPECIAL, cfg, metrics()).unwrap();
+        // The model is idle: taken, though it alone is expected to take longer than the limit
+        // (8 texts of 11 + 20 tokens at the prior 500 tokens/s: 0.5 s).
+        let first = {
+            let translator = translator.clone();
+            tokio::spawn(async move { translator.translate(vec![long_text(); 8]).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // The same again shares the rows with it: about twice that.
+        let err = translator
+            .translate(vec![long_text(); 8])
+            .await
+            .unwrap_err();
+        let TranslateError::Busy {
+            expected, limit, ..
+        } = &err
+        else {
+            panic!("{err}")
+        };
+        assert_eq!(*limit, Duration::from_millis(100));
+        assert!(expected > limit, "{expected:?}");
+        assert!(err.to_string().contains("--max-queue-wait"), "{err}");
+        assert!(first.await.unwrap().is_ok());
+        // Once the work is done, the same request is taken.
+        assert!(translator.translate(vec![long_text(); 8]).await.is_ok());
     }
 }

@@ -94,9 +94,20 @@ pub struct Args {
     #[arg(long, env = "NMT_MAX_BATCH_TOKENS", default_value_t = 16384)]
     pub max_batch_tokens: usize,
 
-    /// Requests that may wait to join the batch; more get 429 with Retry-After.
+    /// Requests that may wait to join the batch; more get 429 with Retry-After. A backstop:
+    /// `--max-queue-wait` usually refuses first.
     #[arg(long, env = "NMT_MAX_QUEUED_REQUESTS", default_value_t = 256)]
     pub max_queued_requests: usize,
+
+    /// Seconds a request may expect to take: when its model, sharing rows fairly among the
+    /// requests it has accepted, is expected to finish it later than this at the model's
+    /// measured tokens per second (a text costs its source plus its expected output), it gets
+    /// 429 at once, with a Retry-After of when the accepted work should be done, instead of
+    /// being accepted to time out. A request that can join the running batch at once, or
+    /// finds the model idle, is always taken. Default: half of `--request-timeout`, leaving
+    /// room for the estimate's error and for requests accepted later, which share the batch.
+    #[arg(long, env = "NMT_MAX_QUEUE_WAIT")]
+    pub max_queue_wait: Option<f64>,
 
     /// Seconds from a request's arrival to its answer; later gives 504 and the request's
     /// texts leave the batch.
@@ -198,6 +209,14 @@ impl Args {
         })
     }
 
+    /// `--max-queue-wait`, or its default.
+    pub fn max_queue_wait(&self) -> anyhow::Result<Duration> {
+        match self.max_queue_wait {
+            Some(seconds) => Args::positive_seconds(seconds, "max-queue-wait"),
+            None => Ok(Args::seconds(self.request_timeout, "request-timeout")? / 2),
+        }
+    }
+
     /// How long HTTP connections may wait for a request.
     pub fn connection_timeouts(&self) -> anyhow::Result<Timeouts> {
         let keep_alive = Args::seconds(self.keep_alive_timeout, "keep-alive-timeout")?;
@@ -266,7 +285,16 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
         max_batch_size: args.max_batch_size.max(1),
         max_batch_tokens: args.max_batch_tokens.max(1),
         max_queued_requests: args.max_queued_requests.max(1),
+        max_queue_wait: args.max_queue_wait()?,
     };
+    let request_timeout = args.request_limits()?.request_timeout;
+    if scheduler.max_queue_wait >= request_timeout {
+        tracing::warn!(
+            max_queue_wait = scheduler.max_queue_wait.as_secs_f64(),
+            request_timeout = request_timeout.as_secs_f64(),
+            "--max-queue-wait is not below --request-timeout: accepted requests may time out"
+        );
+    }
     let mut models: Vec<Model> = Vec::new();
     for dir in &args.model_dir {
         let model = load_model(&env, dir, args, &scheduler, &metrics)?;
@@ -326,8 +354,10 @@ fn load_model(
         execution_provider,
         length_aware = length.length_aware,
         length_predictor = length.predictor.is_some(),
+        precision = ?manifest.precision,
         batching = ?scheduler.batching,
         max_batch_size = scheduler.max_batch_size,
+        max_queue_wait = scheduler.max_queue_wait.as_secs_f64(),
         "model loaded"
     );
     Ok(Model {
@@ -341,6 +371,7 @@ fn load_model(
         max_source_tokens: model_input_limit(manifest),
         max_target_tokens: manifest.limits.max_target_tokens,
         length,
+        precision: manifest.precision,
     })
 }
 
@@ -357,7 +388,8 @@ pub fn model_input_limit(manifest: &model_package::Manifest) -> Option<usize> {
 /// on stdout, warms up (the server answers `/health` meanwhile and `/ready` once done) and
 /// serves HTTP and gRPC until Ctrl-C or SIGTERM. Then both stop accepting connections, close
 /// the ones without a request in flight, let in-flight requests finish within
-/// `--shutdown-grace` seconds, and it returns.
+/// `--shutdown-grace` seconds, and it returns; an error if the grace ran out first (the
+/// requests still in flight are dropped, and the log says how many).
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let grace = Args::seconds(args.shutdown_grace, "shutdown-grace")?;
     let timeouts = args.connection_timeouts()?;
@@ -395,11 +427,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     });
 
     let app = app_with_body_timeout(infer.clone(), body_read_timeout);
-    let http = connections::serve_http(listener, app, gate.clone(), timeouts, shutdown.clone());
+    let http = connections::serve_http(
+        listener,
+        app,
+        gate.clone(),
+        timeouts,
+        infer.shared_metrics(),
+        shutdown.clone(),
+    );
     let http = async {
         http.await;
         anyhow::Ok(())
     };
+    let in_flight = infer.clone();
     let grpc = crate::grpc::serve_with(infer, grpc_listener, grpc_options, gate, shutdown.clone());
     // Both drain on the same signal; `run` returns when both are done (or gRPC failed).
     let server = async { tokio::try_join!(http, grpc).map(|_| ()) };
@@ -409,10 +449,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     tokio::select! {
         served = server => served?,
-        _ = deadline => tracing::warn!(
-            grace_seconds = grace.as_secs_f64(),
-            "requests still in flight after the grace period; exiting anyway"
-        ),
+        _ = deadline => {
+            let dropped = in_flight.requests_in_flight();
+            tracing::error!(
+                grace_seconds = grace.as_secs_f64(),
+                dropped,
+                "the shutdown grace ran out with {dropped} translation requests in flight; \
+                 dropping them"
+            );
+            anyhow::bail!(
+                "the shutdown grace of {} s ran out; {dropped} translation requests in flight \
+                 were dropped",
+                grace.as_secs_f64()
+            );
+        }
     }
     tracing::info!("shut down");
     Ok(())
@@ -546,6 +596,16 @@ mod tests {
         assert_eq!(args.grpc_options().unwrap().keepalive_interval, None);
         assert_eq!(args.max_connections, Some(64));
 
+        let args = Args::parse_from(["nmt-server"]);
+        assert_eq!(args.max_queue_wait().unwrap(), Duration::from_secs(15));
+        let args = Args::parse_from(["nmt-server", "--request-timeout", "9"]);
+        assert_eq!(args.max_queue_wait().unwrap(), Duration::from_secs_f64(4.5));
+        let args = Args::parse_from(["nmt-server", "--max-queue-wait", "2.5"]);
+        assert_eq!(args.max_queue_wait().unwrap(), Duration::from_secs_f64(2.5));
+
+        assert!(Args::parse_from(["nmt-server", "--max-queue-wait=0"])
+            .max_queue_wait()
+            .is_err());
         for flag in [
             "--header-read-timeout=0",
             "--body-read-timeout=0",

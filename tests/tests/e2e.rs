@@ -519,17 +519,24 @@ fn shipped_package() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe")
 }
 
+/// What a server logged on stderr, collected as it comes.
+type Log = std::sync::Arc<std::sync::Mutex<String>>;
+
 /// `nmt-server` on the shipped package under `ulimit -n open_files` (soft and hard, as a
 /// service manager sets it), with what it logs on stderr collected.
-fn start_server_under_ulimit(
-    open_files: u32,
-    extra: &[&str],
-) -> (Server, std::sync::Arc<std::sync::Mutex<String>>) {
+fn start_server_under_ulimit(open_files: u32, extra: &[&str]) -> (Server, Log) {
+    start_logged_server(Some(open_files), extra)
+}
+
+/// `nmt-server` on the shipped package (under `ulimit -n open_files` if given), with what it
+/// logs on stderr collected.
+fn start_logged_server(open_files: Option<u32>, extra: &[&str]) -> (Server, Log) {
     use std::io::BufRead;
     let package = shipped_package();
+    let ulimit = open_files.map_or(String::new(), |n| format!("ulimit -n {n} && "));
     let mut child = Command::new("sh")
         .arg("-c")
-        .arg(format!("ulimit -n {open_files} && exec \"$0\" \"$@\""))
+        .arg(format!("{ulimit}exec \"$0\" \"$@\""))
         .arg(binary("nmt-server"))
         .args(["--model-dir", package.to_str().unwrap()])
         .args(["--port", "0", "--grpc-port", "0"])
@@ -685,4 +692,209 @@ async fn sigterm_shuts_down_when_nobody_reads_the_log() {
     )
     .await;
     assert!(status.success(), "exit status {status}");
+}
+
+// Scheduling and admission (issue 12, items 3 to 5): the shipped model, under loads that
+// outrun it.
+
+/// Eight verses, each held to `tokens` output tokens: a request whose cost does not depend
+/// on what the model makes of it.
+fn fixed_cost_request(tokens: usize) -> Value {
+    json!({
+        "text": [
+            "In the beginning God created the heaven and the earth.",
+            "And the earth was without form, and void; and darkness was upon the face of the deep.",
+            "And God said, Let there be light: and there was light.",
+            "And God saw the light, that it was good: and God divided the light from the darkness.",
+            "And God called the light Day, and the darkness he called Night.",
+            "And the evening and the morning were the first day.",
+            "And God said, Let there be a firmament in the midst of the waters.",
+            "And God made the firmament, and divided the waters.",
+        ],
+        "target_length": tokens,
+        "length_mode": "exact",
+    })
+}
+
+/// What an open-loop burst got back: statuses, and the `Retry-After` of each 429.
+struct BurstResult {
+    statuses: Vec<u16>,
+    retry_after: Vec<u64>,
+}
+
+impl BurstResult {
+    fn count(&self, status: u16) -> usize {
+        self.statuses.iter().filter(|&&s| s == status).count()
+    }
+}
+
+/// Sends `body` `per_second` times a second for `seconds`, whatever the answers (an open
+/// loop, as independent clients do), and waits for every answer.
+async fn open_loop_burst(
+    server: &Server,
+    body: &Value,
+    per_second: u32,
+    seconds: u32,
+) -> BurstResult {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / per_second);
+    let mut requests = Vec::new();
+    for _ in 0..per_second * seconds {
+        ticks.tick().await;
+        let (client, url, body) = (client.clone(), server.url.clone(), body.clone());
+        requests.push(tokio::spawn(async move {
+            let response = client
+                .post(format!("{url}/translate"))
+                .json(&body)
+                .send()
+                .await
+                .expect("every request is answered");
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+            let json: Value = response.json().await.unwrap();
+            if status == 200 {
+                for translation in json["translations"].as_array().unwrap() {
+                    assert_eq!(
+                        translation["output_tokens"], body["target_length"],
+                        "{json}"
+                    );
+                }
+            } else {
+                assert!(json["error_type"].is_string(), "{json}");
+            }
+            (status, retry_after)
+        }));
+    }
+    let mut result = BurstResult {
+        statuses: Vec::new(),
+        retry_after: Vec::new(),
+    };
+    for request in requests {
+        let (status, retry_after) = request.await.unwrap();
+        result.statuses.push(status);
+        if status == 429 {
+            result
+                .retry_after
+                .push(retry_after.expect("a 429 says when to retry"));
+        }
+    }
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loop_burst_is_refused_at_the_door_instead_of_timing_out() {
+    // 20 requests a second for 6 s, each 8 texts of 64 tokens: about 60k tokens offered, many
+    // times what a CPU decodes in the 12 s request timeout.
+    let body = fixed_cost_request(64);
+    let base = ["--max-batch-size", "8", "--request-timeout", "12"];
+    let quiet = [("RUST_LOG", "error")];
+
+    // Admission by count alone (the queue takes 256 requests): accepted requests time out.
+    let flags = [&base[..], &["--max-queue-wait", "1000"]].concat();
+    let server = common::start_server_with_env(&[&shipped_package()], &flags, &quiet);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    let counted = open_loop_burst(&server, &body, 20, 6).await;
+    eprintln!(
+        "admitted by count: {} answered, {} timed out, {} refused",
+        counted.count(200),
+        counted.count(504),
+        counted.count(429)
+    );
+    assert!(
+        counted.count(504) > 0,
+        "the burst does not overload the server"
+    );
+    drop(server);
+
+    // Admission by expected wait: the excess is refused at once, and what is taken is
+    // answered in time.
+    let flags = [&base[..], &["--max-queue-wait", "4"]].concat();
+    let server = common::start_server_with_env(&[&shipped_package()], &flags, &quiet);
+    wait_until_ready(&client, &server).await;
+    let started = std::time::Instant::now();
+    let waited = open_loop_burst(&server, &body, 20, 6).await;
+    eprintln!(
+        "admitted by expected wait: {} answered, {} timed out, {} refused (Retry-After {:?} to \
+         {:?} s) in {:?}",
+        waited.count(200),
+        waited.count(504),
+        waited.count(429),
+        waited.retry_after.iter().min(),
+        waited.retry_after.iter().max(),
+        started.elapsed()
+    );
+    assert_eq!(waited.count(504), 0, "an accepted request timed out");
+    assert!(waited.count(200) > 0);
+    assert!(waited.count(429) > 0);
+    assert_eq!(
+        waited.count(200) + waited.count(429),
+        waited.statuses.len(),
+        "{:?}",
+        waited.statuses
+    );
+    // Retry-After is the time the work already taken needs, not a constant.
+    assert!(
+        waited.retry_after.iter().all(|&s| (1..=30).contains(&s))
+            && waited.retry_after.iter().any(|&s| s > 1),
+        "{:?}",
+        waited.retry_after
+    );
+    let metrics = scrape(&client, &server).await;
+    assert!(!metrics.contains("type=\"timeout\""), "{metrics}");
+    assert!(
+        metrics.contains("nmt_expected_queue_wait_seconds{model=\"en-es-rel-ldpe\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_grace_drops_requests_in_flight_and_exits_non_zero() {
+    // One row: 8 texts of 400 tokens take thousands of decoder steps, far past the grace.
+    let flags = ["--max-batch-size", "1", "--shutdown-grace", "1"];
+    let (server, log) = start_logged_server(None, &flags);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    let request = {
+        let (client, url) = (client.clone(), server.url.clone());
+        tokio::spawn(async move {
+            client
+                .post(format!("{url}/translate"))
+                .json(&fixed_cost_request(400))
+                .send()
+                .await
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while metric_sum(&scrape(&client, &server).await, "nmt_sequences_in_flight") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the request never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    run(Command::new("kill").args(["-TERM", &server.child.id().to_string()]));
+    let (_server, status) = wait_for_exit(
+        server,
+        Duration::from_secs(20),
+        "the server exits once the grace runs out",
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "exit status {status}");
+    let answer = request.await.unwrap();
+    assert!(
+        answer.is_err(),
+        "the dropped request was answered: {answer:?}"
+    );
+    let log = log.lock().unwrap().clone();
+    assert!(
+        log.contains("the shutdown grace ran out with 1 translation requests in flight"),
+        "{log}"
+    );
 }

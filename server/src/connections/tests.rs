@@ -3,9 +3,9 @@
 //! machine, the lower ones are the timeouts themselves.
 
 use super::*;
-use crate::decode::testing::{self, CopyBackend};
 use crate::infer::{Infer, RequestLimits};
 use crate::scheduler::{Batching, SchedulerConfig};
+use crate::testing::{self, CopyBackend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
@@ -32,6 +32,7 @@ fn infer(step_delay: Duration) -> Infer {
         max_batch_size: 16,
         max_batch_tokens: 4096,
         max_queued_requests: 16,
+        max_queue_wait: Duration::from_secs(60),
     };
     let backend = CopyBackend {
         step_delay,
@@ -44,6 +45,7 @@ struct Server {
     addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     served: JoinHandle<()>,
+    infer: Infer,
 }
 
 struct Setup {
@@ -69,18 +71,27 @@ impl Default for Setup {
 async fn start(setup: Setup) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = crate::http::app_with_body_timeout(infer(setup.step_delay), setup.body_read);
+    let infer = infer(setup.step_delay);
+    let app = crate::http::app_with_body_timeout(infer.clone(), setup.body_read);
     let timeouts = Timeouts {
         header_read: setup.header_read,
         keep_alive: setup.keep_alive,
     };
     let shutdown = CancellationToken::new();
     let gate = ConnectionGate::new(setup.max_connections);
-    let served = tokio::spawn(serve_http(listener, app, gate, timeouts, shutdown.clone()));
+    let served = tokio::spawn(serve_http(
+        listener,
+        app,
+        gate,
+        timeouts,
+        infer.shared_metrics(),
+        shutdown.clone(),
+    ));
     Server {
         addr,
         shutdown,
         served,
+        infer,
     }
 }
 
@@ -248,6 +259,91 @@ async fn a_content_length_over_the_limit_is_413_before_the_body_is_read() {
     assert!(waited < PATIENCE, "{waited:?}");
 }
 
+/// The status line and the JSON body of an answer read to the end.
+fn status_and_body(answer: &str) -> (&str, &str) {
+    let status = answer.lines().next().unwrap_or_default();
+    let body = answer.find("\r\n\r\n").map_or("", |end| &answer[end + 4..]);
+    (status, body)
+}
+
+#[tokio::test]
+async fn malformed_heads_are_answered_in_the_error_shape_and_counted() {
+    let server = start(Setup::default()).await;
+    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: test\r\n\r\n", "a".repeat(70_000));
+    let headers: String = (0..120).map(|i| format!("x-h{i}: 1\r\n")).collect();
+    let many_headers = format!("GET /health HTTP/1.1\r\nHost: test\r\n{headers}\r\n");
+    for (request, status, expected) in [
+        (
+            "GET /health HTTP/1.1\r\nno colon here\r\n\r\n".to_string(),
+            "HTTP/1.1 400 Bad Request",
+            "malformed_request",
+        ),
+        (long_uri, "HTTP/1.1 414 URI Too Long", "uri_too_long"),
+        (
+            many_headers,
+            "HTTP/1.1 431 Request Header Fields Too Large",
+            "headers_too_large",
+        ),
+    ] {
+        let mut stream = connect(server.addr, request.as_bytes()).await;
+        let (answer, _) = read_until_closed(&mut stream).await;
+        let (line, body) = status_and_body(&answer);
+        assert_eq!(line, status, "{answer}");
+        assert!(
+            answer
+                .to_lowercase()
+                .contains("content-type: application/json"),
+            "{answer}"
+        );
+        assert_eq!(error_type(body), expected, "{answer}");
+    }
+    let metrics = server.infer.metrics().render();
+    for expected in ["malformed_request", "uri_too_long", "headers_too_large"] {
+        let line = format!("nmt_errors_total{{type=\"{expected}\"}} 1");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no `{line}` in\n{metrics}"
+        );
+    }
+    // The connection still serves well-formed requests.
+    let mut stream = connect(server.addr, HEALTH).await;
+    let (head, _) = read_response(&mut stream).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+}
+
+#[tokio::test]
+async fn a_broken_chunked_body_is_400() {
+    let server = start(Setup::default()).await;
+    let request = "POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+                   Transfer-Encoding: chunked\r\n\r\nZZ\r\n{\"text\": \"hello\"}\r\n0\r\n\r\n";
+    let mut stream = connect(server.addr, request.as_bytes()).await;
+    let (answer, _) = read_until_closed(&mut stream).await;
+    let (line, body) = status_and_body(&answer);
+    assert_eq!(line, "HTTP/1.1 400 Bad Request", "{answer}");
+    assert_eq!(error_type(body), "malformed_request", "{answer}");
+    let metrics = server.infer.metrics().render();
+    assert!(
+        metrics.contains("nmt_errors_total{type=\"malformed_request\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_body_is_not_an_invalid_request() {
+    let server = start(Setup::default()).await;
+    let head = "POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+                Content-Length: 100\r\n\r\n{\"text\": ";
+    let mut stream = connect(server.addr, head.as_bytes()).await;
+    // Half-closed, the socket still reads whatever the server does about it.
+    stream.shutdown().await.unwrap();
+    let (answer, _) = read_until_closed(&mut stream).await;
+    let metrics = server.infer.metrics().render();
+    assert!(
+        !metrics.contains("nmt_errors_total"),
+        "answered {answer:?}; counted as an error:\n{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn idle_connections_beyond_the_cap_do_not_lock_out_new_clients() {
     let server = start(Setup {
@@ -348,6 +444,7 @@ async fn start_grpc(preface_timeout: Duration) -> Server {
         addr,
         shutdown,
         served,
+        infer: infer(Duration::ZERO),
     }
 }
 

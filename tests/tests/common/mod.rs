@@ -113,3 +113,19 @@ pub async fn post_translate(
         .await
         .unwrap()
 }
+
+/// A flag's default as `nmt-server --help` prints it.
+pub fn server_default(flag: &str) -> String {
+    let help = Command::new(binary("nmt-server"))
+        .arg("--help")
+        .output()
+        .unwrap()
+        .stdout;
+    let help = String::from_utf8(help).unwrap();
+    let section = help
+        .split(&format!("--{flag} "))
+        .nth(1)
+        .unwrap_or_else(|| panic!("--{flag} in nmt-server --help"));
+    let default = section.split("[default: ").nth(1).unwrap();
+    default[..default.find(']').unwrap()].to_string()
+}

@@ -120,6 +120,13 @@ impl Engine {
         })
     }
 
+    /// Refuses a length ask this package cannot honour, with the server's message (its 422).
+    pub fn check_length(&self, request: &LengthRequest) -> Result<()> {
+        self.length
+            .check(request, &self.info.name, self.info.max_output_tokens)
+            .map_err(|e| anyhow!("{e}"))
+    }
+
     /// Subword count of `text` with the package's tokenizer.
     pub fn count_subwords(&self, text: &str) -> Result<usize> {
         Ok(self.codec.encode(text).map_err(|e| anyhow!(e))?.len())

@@ -1,0 +1,265 @@
+//! `nmt-export quantize` and `nmt-export --quantize int8`: a package whose encoder and
+//! decoder compute every matrix product with int8 weights, one scale per output channel.
+//!
+//! The quantization is ONNX Runtime's own (`quantize_dynamic` in `python/quantize.py`),
+//! which this crate cannot reimplement without drifting from what the runtime's integer
+//! kernels expect. The script is compiled into the binary and run with python3, so an
+//! installed `nmt-export` needs no checkout. It also unties the output projection: the
+//! quantizer skips the `Gemm` with `transB` that reads the shared embedding table, so the
+//! script gives the projection its own transposed copy first. That rewrite works on any
+//! float32 package, old ones included, which is why it lives in the script rather than in
+//! the graph writers (the float32 graphs keep one table).
+//!
+//! Inputs, outputs and decoder state stay float32, so an int8 package meets the same
+//! contract and the server runs it like any other; only `manifest.precision` tells them
+//! apart.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, ensure, Context};
+use model_package::{files, names, Manifest, Precision};
+use serde::{Deserialize, Serialize};
+
+use crate::ExportArgs;
+
+const SCRIPT: &str = include_str!("../python/quantize.py");
+
+/// `--quantize`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantizeTo {
+    /// int8 weights for every matrix product, the output projection included, one scale per
+    /// output channel; activations quantized per tensor as the graphs run.
+    Int8,
+}
+
+/// The Python that runs ONNX Runtime's quantizer.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Python {
+    /// Python interpreter with the onnxruntime and onnx packages, which do the quantization
+    /// (`scripts/setup.sh` installs onnxruntime 1.31.1 and onnx 1.23.2). Only needed for int8.
+    #[arg(long = "python", env = "NMT_EXPORT_PYTHON", default_value = "python3")]
+    pub interpreter: PathBuf,
+}
+
+impl Default for Python {
+    fn default() -> Self {
+        Python {
+            interpreter: PathBuf::from("python3"),
+        }
+    }
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct QuantizeArgs {
+    /// Float32 model package to quantize (only read).
+    #[arg(long)]
+    pub package: PathBuf,
+    /// Output directory of the int8 package (created or overwritten; not --package itself).
+    /// Gets int8 encoder.onnx and decoder.onnx, every other file of the package unchanged
+    /// (tokenizer; length predictor graph, and its pretrained files where installed), and
+    /// the manifest with new checksums, `precision` int8 and a `quantization` record.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Model name of the int8 package. Default: the float32 package's, so the int8 one can
+    /// replace it without clients noticing; give another to serve both side by side.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// JSON file with evaluation results of the int8 package to record in the manifest.
+    /// Without it the manifest records none: the float32 package's scores do not describe
+    /// the int8 graphs.
+    #[arg(long)]
+    pub evaluation: Option<PathBuf>,
+    #[command(flatten)]
+    pub python: Python,
+}
+
+/// What the quantizer did to one graph.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GraphReport {
+    /// MatMuls against a stored matrix before quantization (the untied projection counted).
+    pub weight_matmuls: usize,
+    /// MatMulInteger nodes after it: one per weight MatMul.
+    pub matmul_integer: usize,
+    /// Whether the tied output projection was rewritten against its own transposed copy.
+    pub untied_logits: bool,
+    /// Nodes of the quantized graph by op type.
+    pub op_counts: BTreeMap<String, usize>,
+}
+
+#[derive(Deserialize)]
+struct ScriptReport {
+    op_types: Vec<String>,
+    onnxruntime: String,
+    onnx: String,
+    graph: GraphReport,
+}
+
+/// A written int8 package.
+pub struct Quantized {
+    pub manifest: Manifest,
+    pub encoder: GraphReport,
+    pub decoder: GraphReport,
+    /// Files the package reads from outside itself (the length predictor's pretrained
+    /// files) that were not installed beside the float32 package, so were not copied.
+    pub not_installed: Vec<String>,
+}
+
+/// Runs the quantizer on one graph, `input` -> `output`.
+fn quantize_graph(python: &Path, input: &Path, output: &Path) -> anyhow::Result<ScriptReport> {
+    let run = Command::new(python)
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(input)
+        .arg(output)
+        .arg("--logits")
+        .arg(names::LOGITS)
+        .output();
+    let run = match run {
+        Ok(run) => run,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{} not found: int8 quantization runs ONNX Runtime's Python quantizer; install \
+             Python 3 with onnxruntime and onnx (scripts/setup.sh), or name an interpreter \
+             with --python",
+            python.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("running {}", python.display())),
+    };
+    if !run.status.success() {
+        bail!(
+            "quantizing {}: {}",
+            input.display(),
+            String::from_utf8_lossy(&run.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&run.stdout).with_context(|| {
+        format!(
+            "reading the quantizer's report: {}",
+            String::from_utf8_lossy(&run.stdout)
+        )
+    })
+}
+
+fn copy_file(from: &Path, to: &Path) -> anyhow::Result<()> {
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::copy(from, to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    Ok(())
+}
+
+/// Writes the int8 package of `args.package` to `args.out`.
+pub fn quantize_package(args: &QuantizeArgs) -> anyhow::Result<Quantized> {
+    let mut manifest = Manifest::load(&args.package)
+        .with_context(|| format!("loading the package in {}", args.package.display()))?;
+    ensure!(
+        manifest.precision == Precision::Float32,
+        "{} is already int8: quantize its float32 original",
+        args.package.display()
+    );
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    ensure!(
+        std::fs::canonicalize(&args.package)? != std::fs::canonicalize(&args.out)?,
+        "--out is --package: write the int8 package to another directory"
+    );
+    let evaluation = match &args.evaluation {
+        Some(path) => serde_json::from_str(
+            &std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?,
+        )?,
+        None => serde_json::Value::Null,
+    };
+
+    let python = &args.python.interpreter;
+    let encoder = quantize_graph(
+        python,
+        &args.package.join(files::ENCODER),
+        &args.out.join(files::ENCODER),
+    )?;
+    let decoder = quantize_graph(
+        python,
+        &args.package.join(files::DECODER),
+        &args.out.join(files::DECODER),
+    )?;
+
+    let float_files = std::mem::take(&mut manifest.files);
+    let unchanged: Vec<&str> = float_files
+        .keys()
+        .map(String::as_str)
+        .filter(|f| ![files::ENCODER, files::DECODER].contains(f))
+        .collect();
+    for file in &unchanged {
+        copy_file(&args.package.join(file), &args.out.join(file))?;
+    }
+    // Installed beside a package rather than shipped in it, so they may be missing; the
+    // int8 package then needs them installed just as its original did.
+    let mut not_installed = Vec::new();
+    let external = manifest
+        .length_prediction
+        .as_ref()
+        .and_then(|p| p.predictor.as_ref())
+        .map_or(&[][..], |p| &p.external_files[..]);
+    for file in external {
+        let from = args.package.join(&file.path);
+        if from.exists() {
+            copy_file(&from, &args.out.join(&file.path))?;
+        } else {
+            not_installed.push(file.path.clone());
+        }
+    }
+
+    manifest.quantization = serde_json::json!({
+        "tool": "onnxruntime.quantization.quantize_dynamic",
+        "onnxruntime": decoder.onnxruntime,
+        "onnx": decoder.onnx,
+        "op_types": decoder.op_types,
+        "weights": "int8, symmetric, one scale per output channel (QInt8, per_channel)",
+        "activations": "uint8, one scale per tensor, computed as the graph runs (DynamicQuantizeLinear)",
+        "from": {
+            "name": manifest.name,
+            files::ENCODER: float_files.get(files::ENCODER),
+            files::DECODER: float_files.get(files::DECODER),
+        },
+        "graphs": {
+            files::ENCODER: encoder.graph,
+            files::DECODER: decoder.graph,
+        },
+    });
+    manifest.precision = Precision::Int8;
+    manifest.evaluation = evaluation;
+    if let Some(name) = &args.name {
+        manifest.name = name.clone();
+    }
+    let written: Vec<&str> = [files::ENCODER, files::DECODER]
+        .into_iter()
+        .chain(unchanged)
+        .collect();
+    manifest.write(&args.out, &written)?;
+    Ok(Quantized {
+        manifest,
+        encoder: encoder.graph,
+        decoder: decoder.graph,
+        not_installed,
+    })
+}
+
+/// `nmt-export --quantize int8`: the float32 package, exported to a scratch directory, then
+/// quantized into `args.out`.
+pub fn export_quantized(args: &ExportArgs, python: &Python) -> anyhow::Result<Quantized> {
+    let scratch = tempfile::tempdir()?;
+    let float = scratch.path().join("float32");
+    crate::export_package(&ExportArgs {
+        out: float.clone(),
+        ..args.clone()
+    })?;
+    quantize_package(&QuantizeArgs {
+        package: float,
+        out: args.out.clone(),
+        name: None,
+        evaluation: args.evaluation.clone(),
+        python: python.clone(),
+    })
+}
