@@ -208,7 +208,7 @@ async fn one_request(
     }
 }
 
-fn transport_error_kind(e: &reqwest::Error) -> String {
+pub fn transport_error_kind(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         "timeout".into()
     } else if e.is_connect() {

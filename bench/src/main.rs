@@ -16,9 +16,14 @@
 //! (mode, clients), ordered by mode then clients, as a markdown table on stdout, and
 //! optionally as markdown and JSON files.
 //!
+//! `nmt-bench overload` is the other benchmark: open-loop request rates against one server
+//! (started like these, or already running), to see its admission control shed the load it
+//! cannot finish (see `overload/mod.rs`).
+//!
 //! This is a benchmark to run by hand on an otherwise idle machine, not a test.
 
 mod load;
+mod overload;
 mod report;
 mod server;
 mod stats;
@@ -30,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 use crate::load::{cell_bar, run_cell, Cell};
 use crate::report::{ModeArgs, Report};
@@ -40,20 +45,24 @@ use crate::server::{server_args, wait_ready, Fleet, Server};
 /// then at each concurrency level drives every mode's server in turn with closed-loop HTTP
 /// clients (cells interleaved, the mode order alternating from level to level to cancel drift);
 /// prints target tokens/s, requests/s and latency percentiles as a markdown table.
+/// `nmt-bench overload` instead offers open-loop request rates to one server and reports what
+/// its admission control makes of them.
 ///
 /// Run it from the workspace root on an otherwise idle machine, after
 /// `source scripts/env.sh` (the server needs ORT_DYLIB_PATH) and
 /// `cargo build --release -p nmt-server -p nmt-bench`. Extra server flags go in `--server-arg`
 /// (repeatable) or after `--`.
 #[derive(Debug, Parser)]
-#[command(name = "nmt-bench", version, about, long_about)]
+#[command(
+    name = "nmt-bench",
+    version,
+    about,
+    long_about,
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
-    /// English inputs, one request each: a `.tsv` file with a header line is read by its `en`
-    /// column (e.g. data/corpus/test-concat.tsv, the long-input set), any other file one text
-    /// per line. The default is the test split written by
-    /// `nmt-train corpus --out data/corpus` (books Daniel and Philippians).
-    #[arg(long, env = "NMT_BENCH_VERSES", default_value = "data/corpus/test.en")]
-    verses: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
 
     /// Server batching modes to compare, comma-separated, each a different name; each mode gets
     /// its own server, passed `--batching MODE`. The mode `default` passes no `--batching` flag at all (the server's
@@ -88,6 +97,36 @@ struct Args {
     /// Seconds of load before each cell's measured window (not measured).
     #[arg(long, env = "NMT_BENCH_WARMUP_SECONDS", default_value_t = 3.0)]
     warmup_seconds: f64,
+
+    #[command(flatten)]
+    common: CommonArgs,
+
+    /// Also write the results as JSON here (every cell's numbers, errors by kind, ratios, and
+    /// how the run was made).
+    #[arg(long, env = "NMT_BENCH_OUT_JSON")]
+    out_json: Option<PathBuf>,
+
+    /// Also write a markdown report here: date, command line, server arguments, nproc, the
+    /// table, and the throughput ratio of each mode over `--baseline-mode` per concurrency.
+    #[arg(long, env = "NMT_BENCH_OUT_MD")]
+    out_md: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Overload(overload::OverloadArgs),
+}
+
+/// What both the closed-loop benchmark and `overload` take: the inputs, the server, the
+/// clients.
+#[derive(Debug, clap::Args)]
+struct CommonArgs {
+    /// English inputs, one request each: a `.tsv` file with a header line is read by its `en`
+    /// column (e.g. data/corpus/test-concat.tsv, the long-input set), any other file one text
+    /// per line. The default is the test split written by
+    /// `nmt-train corpus --out data/corpus` (books Daniel and Philippians).
+    #[arg(long, env = "NMT_BENCH_VERSES", default_value = "data/corpus/test.en")]
+    verses: PathBuf,
 
     /// The server executable.
     #[arg(
@@ -147,21 +186,35 @@ struct Args {
     /// `nmt-bench-server-MODE.log`. Default: the system temp directory.
     #[arg(long, env = "NMT_BENCH_SERVER_LOG_DIR")]
     server_log_dir: Option<PathBuf>,
+}
 
-    /// Also write the results as JSON here (every cell's numbers, errors by kind, ratios, and
-    /// how the run was made).
-    #[arg(long, env = "NMT_BENCH_OUT_JSON")]
-    out_json: Option<PathBuf>,
+impl CommonArgs {
+    /// `--server-arg`s, then the arguments after `--`.
+    fn extra_server_args(&self) -> Vec<String> {
+        self.server_arg
+            .iter()
+            .chain(&self.server_args_trailing)
+            .cloned()
+            .collect()
+    }
 
-    /// Also write a markdown report here: date, command line, server arguments, nproc, the
-    /// table, and the throughput ratio of each mode over `--baseline-mode` per concurrency.
-    #[arg(long, env = "NMT_BENCH_OUT_MD")]
-    out_md: Option<PathBuf>,
+    fn log_dir(&self) -> Result<PathBuf> {
+        let dir = self
+            .server_log_dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(dir)
+    }
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(args) {
+    let mut args = Args::parse();
+    let outcome = match args.command.take() {
+        Some(Command::Overload(o)) => overload::run(o),
+        None => run(args),
+    };
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -195,41 +248,28 @@ fn run(args: Args) -> Result<bool> {
         "--clients must be positive numbers"
     );
     ensure!(args.seconds > 0.0, "--seconds must be positive");
-    ensure!(args.client_threads > 0, "--client-threads must be positive");
+    ensure!(
+        args.common.client_threads > 0,
+        "--client-threads must be positive"
+    );
     let measure = secs(args.seconds, "--seconds")?;
     let warmup = secs(args.warmup_seconds, "--warmup-seconds")?;
-    let startup_timeout = secs(args.startup_timeout_seconds, "--startup-timeout-seconds")?;
-    let request_timeout = secs(args.request_timeout_seconds, "--request-timeout-seconds")?;
+    let startup_timeout = secs(
+        args.common.startup_timeout_seconds,
+        "--startup-timeout-seconds",
+    )?;
+    let request_timeout = secs(
+        args.common.request_timeout_seconds,
+        "--request-timeout-seconds",
+    )?;
 
-    let verses = verses::load(&args.verses)?;
-    let bodies: Arc<Vec<String>> = Arc::new(
-        verses
-            .iter()
-            .map(|v| serde_json::json!({ "text": v }).to_string())
-            .collect(),
-    );
-    if std::env::var_os("ORT_DYLIB_PATH").is_none() {
-        eprintln!(
-            "warning: ORT_DYLIB_PATH is not set; the server may not find ONNX Runtime \
-             (`source scripts/env.sh`)"
-        );
-    }
-    let extra: Vec<String> = args
-        .server_arg
-        .iter()
-        .chain(&args.server_args_trailing)
-        .cloned()
-        .collect();
-    let log_dir = args
-        .server_log_dir
-        .clone()
-        .unwrap_or_else(std::env::temp_dir);
-    std::fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
+    let verses = verses::load(&args.common.verses)?;
+    let bodies = request_bodies(&verses);
+    warn_without_ort();
+    let extra = args.common.extra_server_args();
+    let log_dir = args.common.log_dir()?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.client_threads)
-        .enable_all()
-        .build()?;
+    let runtime = client_runtime(args.common.client_threads)?;
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(max_clients.max(8))
@@ -246,7 +286,7 @@ fn run(args: Args) -> Result<bool> {
         .iter()
         .map(|mode| ModeArgs {
             mode: mode.clone(),
-            args: server_args(&args.model_dir, mode, &extra),
+            args: server_args(&args.common.model_dir, mode, &extra),
         })
         .collect();
     let log_paths = log_paths(&log_dir, &args.modes);
@@ -254,7 +294,7 @@ fn run(args: Args) -> Result<bool> {
         "nmt-bench: {} inputs from {}; modes {}; clients {:?}; {} s warm-up + {} s per cell; \
          all servers side by side, cells interleaved by concurrency level",
         verses.len(),
-        args.verses.display(),
+        args.common.verses.display(),
         args.modes.join(","),
         args.clients,
         args.warmup_seconds,
@@ -274,7 +314,7 @@ fn run(args: Args) -> Result<bool> {
             for (m, log_path) in mode_args.iter().zip(&log_paths) {
                 let server = start_server(
                     &client,
-                    &args.server_bin,
+                    &args.common.server_bin,
                     &m.args,
                     log_path,
                     startup_timeout,
@@ -360,12 +400,12 @@ fn run(args: Args) -> Result<bool> {
     let report = Report {
         date: report::utc_now(),
         command_line: report::shell_join(&std::env::args().collect::<Vec<_>>()),
-        server_bin: args.server_bin.display().to_string(),
+        server_bin: args.common.server_bin.display().to_string(),
         server_args: mode_args,
         nproc: nproc(),
-        client_threads: args.client_threads,
+        client_threads: args.common.client_threads,
         model,
-        verses_file: args.verses.display().to_string(),
+        verses_file: args.common.verses.display().to_string(),
         verses: verses.len(),
         warmup_seconds: args.warmup_seconds,
         seconds: args.seconds,
@@ -381,6 +421,33 @@ fn run(args: Args) -> Result<bool> {
         write(path, &(serde_json::to_string_pretty(&report)? + "\n"))?;
     }
     Ok(all_ok)
+}
+
+/// One `{"text": verse}` body per input.
+fn request_bodies(verses: &[String]) -> Arc<Vec<String>> {
+    Arc::new(
+        verses
+            .iter()
+            .map(|v| serde_json::json!({ "text": v }).to_string())
+            .collect(),
+    )
+}
+
+fn warn_without_ort() {
+    if std::env::var_os("ORT_DYLIB_PATH").is_none() {
+        eprintln!(
+            "warning: ORT_DYLIB_PATH is not set; the server may not find ONNX Runtime \
+             (`source scripts/env.sh`)"
+        );
+    }
+}
+
+/// The clients' runtime: few threads, since they take CPU from the server on the same machine.
+fn client_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?)
 }
 
 /// The cells every mode runs.
@@ -582,10 +649,14 @@ mod tests {
         assert_eq!(a.clients, [1, 4, 16, 64]);
         assert_eq!(a.seconds, 20.0);
         assert_eq!(a.warmup_seconds, 3.0);
-        assert_eq!(a.server_bin, PathBuf::from("target/release/nmt-server"));
-        assert_eq!(a.model_dir, PathBuf::from("models/en-es-rel-ldpe"));
-        assert_eq!(a.server_arg, ["--intra-op-threads", "1"]);
-        assert_eq!(a.server_args_trailing, ["--queue-capacity", "512"]);
+        assert_eq!(
+            a.common.server_bin,
+            PathBuf::from("target/release/nmt-server")
+        );
+        assert_eq!(a.common.model_dir, PathBuf::from("models/en-es-rel-ldpe"));
+        assert_eq!(a.common.server_arg, ["--intra-op-threads", "1"]);
+        assert_eq!(a.common.server_args_trailing, ["--queue-capacity", "512"]);
+        assert!(a.command.is_none());
     }
 
     #[test]

@@ -789,9 +789,10 @@ async fn open_loop_burst(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_loop_burst_is_refused_at_the_door_instead_of_timing_out() {
-    // 20 requests a second for 6 s, each 8 texts of 64 tokens: about 60k tokens offered, many
-    // times what a CPU decodes in the 12 s request timeout.
-    let body = fixed_cost_request(64);
+    // 40 requests a second for 6 s, each 8 texts of 128 tokens on 8 rows: about 250k tokens
+    // offered, many times what even a fast, idle CPU decodes in the 12 s request timeout
+    // (half as much was absorbed on an idle 2-core machine).
+    let body = fixed_cost_request(128);
     let base = ["--max-batch-size", "8", "--request-timeout", "12"];
     let quiet = [("RUST_LOG", "error")];
 
@@ -800,7 +801,7 @@ async fn an_open_loop_burst_is_refused_at_the_door_instead_of_timing_out() {
     let server = common::start_server_with_env(&[&shipped_package()], &flags, &quiet);
     let client = reqwest::Client::new();
     wait_until_ready(&client, &server).await;
-    let counted = open_loop_burst(&server, &body, 20, 6).await;
+    let counted = open_loop_burst(&server, &body, 40, 6).await;
     eprintln!(
         "admitted by count: {} answered, {} timed out, {} refused",
         counted.count(200),
@@ -819,7 +820,7 @@ async fn an_open_loop_burst_is_refused_at_the_door_instead_of_timing_out() {
     let server = common::start_server_with_env(&[&shipped_package()], &flags, &quiet);
     wait_until_ready(&client, &server).await;
     let started = std::time::Instant::now();
-    let waited = open_loop_burst(&server, &body, 20, 6).await;
+    let waited = open_loop_burst(&server, &body, 40, 6).await;
     eprintln!(
         "admitted by expected wait: {} answered, {} timed out, {} refused (Retry-After {:?} to \
          {:?} s) in {:?}",

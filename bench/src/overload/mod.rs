@@ -1,0 +1,686 @@
+//! `nmt-bench overload`: open-loop request rates against one server, to see what its
+//! admission control makes of more work than it can do.
+//!
+//! The closed-loop benchmark cannot overload a server: its clients wait for each answer, so
+//! the load falls as latency rises. Real users do not wait for each other. Here requests
+//! arrive on a schedule (Poisson or evenly spaced) whatever is outstanding, for each rate in
+//! `--rates`. A rate is requests per second, or `Nx`: N times the sustainable rate, which a
+//! calibration measures first as closed-loop throughput with the batch full (one client per
+//! batch row), beside the unloaded p99 latency (one client). Then the issue's goal is judged
+//! at 10x: the requests the server accepts are answered within twice the unloaded p99 plus
+//! the wait its admission control aims at (`--max-queue-wait`), and none of them times out.
+
+pub mod driver;
+pub mod report;
+pub mod schedule;
+pub mod summary;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Result};
+
+use self::report::{Calibration, OverloadReport, ServerUnderTest};
+use self::schedule::{arrival_offsets, Arrivals, Rate};
+use self::summary::{goal_checks, summarize, RateRun, RateSummary};
+use crate::load::{cell_bar, run_cell, Cell};
+use crate::server::{self as srv, server_args, Server};
+use crate::stats::CellSummary;
+use crate::{
+    client_runtime, interrupted, log_paths, nproc, request_bodies, secs, start_server,
+    warn_without_ort, write, CommonArgs,
+};
+
+/// Open-loop overload: offers each of `--rates` to one server (started here, or `--url`) for
+/// `--seconds`, requests sent on schedule however many are outstanding, and reports the
+/// share accepted, the share shed with 429 (and their Retry-After), timeouts after
+/// acceptance, accepted latency and goodput per rate, with the issue's goal judged at 10x.
+#[derive(Debug, clap::Args)]
+pub struct OverloadArgs {
+    /// Request rates, comma-separated: requests per second (`40`), or multiples of the
+    /// sustainable rate (`2x`) that the calibration measures.
+    #[arg(
+        long,
+        env = "NMT_BENCH_RATES",
+        value_delimiter = ',',
+        default_value = "1x,2x,10x"
+    )]
+    rates: Vec<Rate>,
+
+    /// How arrivals are spaced: `poisson` (exponential gaps, the bursts of independent users)
+    /// or `fixed` (exactly 1/rate apart).
+    #[arg(long, env = "NMT_BENCH_ARRIVALS", value_enum, default_value_t = Arrivals::Poisson)]
+    arrivals: Arrivals,
+
+    /// Seed of the Poisson schedules; the k-th rate (from 0) uses seed + k.
+    #[arg(long, env = "NMT_BENCH_SEED", default_value_t = 1)]
+    seed: u64,
+
+    /// Measured seconds per rate.
+    #[arg(long, env = "NMT_BENCH_OVERLOAD_SECONDS", default_value_t = 25.0)]
+    seconds: f64,
+
+    /// Seconds of arrivals before each rate's measured window, at the same rate (sent, not
+    /// measured): the queue fills to where the rate keeps it before anything is counted.
+    #[arg(long, env = "NMT_BENCH_OVERLOAD_WARMUP_SECONDS", default_value_t = 3.0)]
+    warmup_seconds: f64,
+
+    /// Measured seconds of each calibration cell (one client, then the saturating clients),
+    /// each after `--warmup-seconds` of the same load.
+    #[arg(long, env = "NMT_BENCH_CALIBRATE_SECONDS", default_value_t = 10.0)]
+    calibrate_seconds: f64,
+
+    /// Closed-loop clients whose throughput is the sustainable rate. Default: the server's
+    /// `--max-batch-size` (from the server arguments, else its default 32): one request in
+    /// flight per batch row keeps the batch full, which is where throughput stops growing with
+    /// clients (docs/benchmarks/batching.md), while nothing waits beyond it.
+    #[arg(long, env = "NMT_BENCH_SATURATION_CLIENTS")]
+    saturation_clients: Option<usize>,
+
+    /// The server's `--max-queue-wait` in seconds, for the goal. Default: read from the server
+    /// arguments as the server reads them (`--max-queue-wait`, else half of
+    /// `--request-timeout`; then NMT_MAX_QUEUE_WAIT, NMT_REQUEST_TIMEOUT; else 15 s).
+    #[arg(long, env = "NMT_BENCH_TARGET_WAIT")]
+    target_wait: Option<f64>,
+
+    /// Drive the server already running at this base URL (e.g. `http://127.0.0.1:8080`)
+    /// instead of starting one. The server arguments are then not used to start anything, only
+    /// read for `--target-wait` and `--saturation-clients`: give the flags that server runs
+    /// with.
+    #[arg(long, env = "NMT_BENCH_URL")]
+    url: Option<String>,
+
+    /// A JSON object whose fields every request carries beside `text`, e.g.
+    /// `{"target_length":"source"}` to spare a length-aware model its length predictor.
+    #[arg(long, env = "NMT_BENCH_REQUEST_FIELDS", value_parser = parse_fields)]
+    request_fields: Option<RequestFields>,
+
+    /// Batching mode of the server the bench starts (`--batching MODE`); `default` passes no
+    /// `--batching` flag.
+    #[arg(long, env = "NMT_BENCH_MODE", default_value = "continuous")]
+    mode: String,
+
+    #[command(flatten)]
+    common: CommonArgs,
+
+    /// Also write the results as JSON here (calibration, every rate's numbers, errors by
+    /// kind, the goal, and how the run was made).
+    #[arg(long, env = "NMT_BENCH_OVERLOAD_OUT_JSON")]
+    out_json: Option<PathBuf>,
+
+    /// Also write a markdown report here: date, CPU, command line, server arguments, nproc,
+    /// calibration, the tables and the goal.
+    #[arg(long, env = "NMT_BENCH_OVERLOAD_OUT_MD")]
+    out_md: Option<PathBuf>,
+}
+
+/// Extra fields of every request body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestFields(serde_json::Map<String, serde_json::Value>);
+
+fn parse_fields(s: &str) -> Result<RequestFields, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(serde_json::Value::Object(map)) if map.contains_key("text") => {
+            Err("`text` is the verse; give the other fields".into())
+        }
+        Ok(serde_json::Value::Object(map)) => Ok(RequestFields(map)),
+        Ok(_) => Err("not a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}
+
+/// One body per verse: `{"text": verse}` plus `fields`.
+fn bodies_with(verses: &[String], fields: Option<&RequestFields>) -> Arc<Vec<String>> {
+    let Some(RequestFields(fields)) = fields else {
+        return request_bodies(verses);
+    };
+    Arc::new(
+        verses
+            .iter()
+            .map(|v| {
+                let mut body = fields.clone();
+                body.insert("text".into(), serde_json::Value::from(v.as_str()));
+                serde_json::Value::Object(body).to_string()
+            })
+            .collect(),
+    )
+}
+
+/// The server's default `--request-timeout`, whose half is its default `--max-queue-wait`.
+const SERVER_REQUEST_TIMEOUT: f64 = 30.0;
+/// The server's default `--max-batch-size`.
+const SERVER_MAX_BATCH_SIZE: usize = 32;
+
+/// The value of `flag` in a server argument list, as `--flag VALUE` or `--flag=VALUE`.
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == flag {
+            return it.next().map(String::as_str);
+        }
+        if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// A setting as the server would see it: its flag in `args`, else its environment variable.
+fn setting(args: &[String], flag: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let var = format!(
+        "NMT_{}",
+        flag.trim_start_matches('-')
+            .replace('-', "_")
+            .to_uppercase()
+    );
+    flag_value(args, flag)
+        .map(str::to_string)
+        .or_else(|| env(&var))
+}
+
+/// The server's `--max-queue-wait` in seconds, read from its arguments and environment the
+/// way it reads them, and where it came from.
+fn target_wait(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<(f64, String)> {
+    let number = |v: String, what: &str| -> Result<f64> {
+        match v.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+            _ => bail!("{what} `{v}` in the server arguments is not a positive number"),
+        }
+    };
+    if let Some(v) = setting(args, "--max-queue-wait", env) {
+        return Ok((
+            number(v, "--max-queue-wait")?,
+            "the server's --max-queue-wait".into(),
+        ));
+    }
+    match setting(args, "--request-timeout", env) {
+        Some(v) => {
+            let t = number(v, "--request-timeout")?;
+            Ok((
+                t / 2.0,
+                format!("half of the server's --request-timeout {t} s"),
+            ))
+        }
+        None => Ok((
+            SERVER_REQUEST_TIMEOUT / 2.0,
+            format!("the server's default: half of --request-timeout {SERVER_REQUEST_TIMEOUT} s"),
+        )),
+    }
+}
+
+/// How many closed-loop clients measure the sustainable rate, and why.
+fn saturation_clients(
+    given: Option<usize>,
+    args: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(usize, String)> {
+    if let Some(n) = given {
+        return Ok((n, "--saturation-clients".into()));
+    }
+    let rows = match setting(args, "--max-batch-size", env) {
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => bail!("--max-batch-size `{v}` in the server arguments is not a positive number"),
+        },
+        None => SERVER_MAX_BATCH_SIZE,
+    };
+    Ok((
+        rows,
+        format!("one per batch row, --max-batch-size {rows}: the batch is full and nothing waits beyond it"),
+    ))
+}
+
+/// Runs the overload benchmark; `Ok(false)` when it could not finish (the report of what
+/// ran is still written).
+pub fn run(args: OverloadArgs) -> Result<bool> {
+    ensure!(!args.rates.is_empty(), "--rates is empty");
+    ensure!(args.seconds > 0.0, "--seconds must be positive");
+    ensure!(
+        args.calibrate_seconds > 0.0,
+        "--calibrate-seconds must be positive"
+    );
+    ensure!(
+        args.common.client_threads > 0,
+        "--client-threads must be positive"
+    );
+    ensure!(
+        args.saturation_clients != Some(0),
+        "--saturation-clients must be positive"
+    );
+    if let Some(w) = args.target_wait {
+        ensure!(w.is_finite() && w > 0.0, "--target-wait must be positive");
+    }
+    let measure = secs(args.seconds, "--seconds")?;
+    let warmup = secs(args.warmup_seconds, "--warmup-seconds")?;
+    let calibrate = secs(args.calibrate_seconds, "--calibrate-seconds")?;
+    let startup_timeout = secs(
+        args.common.startup_timeout_seconds,
+        "--startup-timeout-seconds",
+    )?;
+    let request_timeout = secs(
+        args.common.request_timeout_seconds,
+        "--request-timeout-seconds",
+    )?;
+    let url = args
+        .url
+        .as_deref()
+        .map(|u| u.trim_end_matches('/').to_string());
+
+    let env = |k: &str| std::env::var(k).ok();
+    let extra = args.common.extra_server_args();
+    let (target_wait_seconds, target_wait_source) = match args.target_wait {
+        Some(w) => (w, "--target-wait".to_string()),
+        None => target_wait(&extra, &env)?,
+    };
+    let (sat_clients, sat_rule) = saturation_clients(args.saturation_clients, &extra, &env)?;
+    let sargs = server_args(&args.common.model_dir, &args.mode, &extra);
+
+    let verses = crate::verses::load(&args.common.verses)?;
+    let bodies = bodies_with(&verses, args.request_fields.as_ref());
+    if url.is_none() {
+        warn_without_ort();
+    }
+    let log_path = log_paths(&args.common.log_dir()?, std::slice::from_ref(&args.mode))
+        .pop()
+        .expect("one mode, one path");
+
+    let runtime = client_runtime(args.common.client_threads)?;
+    // Open loop at 10x keeps hundreds of requests outstanding, each on its own connection;
+    // kept idle afterwards they are reused instead of reopened at the next burst.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(4096)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .tcp_nodelay(true)
+        .no_proxy()
+        .build()?;
+
+    eprintln!(
+        "nmt-bench overload: {} inputs from {}; rates {}; {:?} arrivals; {} s warm-up + {} s per rate; \
+         calibration {} s + {} s at 1 and {} clients; target wait {} s ({})",
+        verses.len(),
+        args.common.verses.display(),
+        args.rates
+            .iter()
+            .map(Rate::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.arrivals,
+        args.warmup_seconds,
+        args.seconds,
+        args.warmup_seconds,
+        args.calibrate_seconds,
+        sat_clients,
+        target_wait_seconds,
+        target_wait_source,
+    );
+
+    let mut calibration: Option<Calibration> = None;
+    let mut rates: Vec<RateSummary> = Vec::new();
+    let mut model: Option<String> = None;
+    let mut failure: Option<anyhow::Error> = None;
+    let interrupted_run = runtime.block_on(async {
+        let bench = async {
+            // Dropped on an interruption, the server is stopped.
+            let mut server: Option<Server> = None;
+            let outcome: Result<()> = async {
+                let base_url = match &url {
+                    Some(u) => {
+                        check_ready(&client, u, startup_timeout).await?;
+                        u.clone()
+                    }
+                    None => {
+                        let s = start_server(
+                            &client,
+                            &args.common.server_bin,
+                            &sargs,
+                            &log_path,
+                            startup_timeout,
+                        )
+                        .await?;
+                        let u = s.base_url.clone();
+                        server = Some(s);
+                        u
+                    }
+                };
+                let closed = |clients: usize| Cell {
+                    clients,
+                    warmup,
+                    measure: calibrate,
+                    request_timeout,
+                };
+                let (unloaded, m) =
+                    closed_cell(&client, &base_url, &bodies, &args.mode, &closed(1)).await;
+                model = model.take().or(m);
+                alive(server.as_mut())?;
+                let (saturation, m) =
+                    closed_cell(&client, &base_url, &bodies, &args.mode, &closed(sat_clients))
+                        .await;
+                model = model.take().or(m);
+                alive(server.as_mut())?;
+                let sustainable = saturation.requests_per_second;
+                calibration = Some(Calibration {
+                    warmup_seconds: args.warmup_seconds,
+                    seconds: args.calibrate_seconds,
+                    unloaded_p99_ms: unloaded.p99_ms,
+                    unloaded,
+                    saturation,
+                    saturation_clients: sat_clients,
+                    saturation_clients_rule: sat_rule.clone(),
+                    sustainable_per_second: sustainable,
+                });
+                let known = (sustainable > 0.0).then_some(sustainable);
+                for (i, &rate) in args.rates.iter().enumerate() {
+                    let Some(per_second) = rate.per_second(known) else {
+                        bail!("{rate}: the calibration answered no request, so there is no sustainable rate to multiply");
+                    };
+                    let span = warmup + measure;
+                    let offsets = arrival_offsets(
+                        args.arrivals,
+                        per_second,
+                        span,
+                        args.seed.wrapping_add(i as u64),
+                    );
+                    let bar = cell_bar(&rate.to_string(), offsets.len());
+                    bar.set_prefix(format!("{rate} ({per_second:.1} req/s)"));
+                    let plan = driver::Plan {
+                        offsets: &offsets,
+                        warmup,
+                        span,
+                        request_timeout,
+                    };
+                    let run =
+                        driver::run_open(&client, &base_url, Arc::clone(&bodies), plan, &bar)
+                            .await;
+                    model = model.take().or(run.model);
+                    let multiple = match rate {
+                        Rate::Multiple(m) => Some(m),
+                        Rate::PerSecond(r) => known.map(|s| r / s),
+                    };
+                    let mut s = summarize(&RateRun {
+                        rate: rate.to_string(),
+                        multiple,
+                        target_per_second: per_second,
+                        warmup,
+                        span,
+                        drain: run.drain,
+                        samples: &run.samples,
+                    });
+                    s.load_average = report::load_average();
+                    let line = format!(
+                        "offered {:.1} req/s: accepted {:.1}%, shed {:.1}%, {} timed out after acceptance, p99 {} ms, goodput {:.2} req/s",
+                        s.offered_per_second,
+                        s.accepted_share * 100.0,
+                        s.shed_share * 100.0,
+                        s.timed_out_after_acceptance,
+                        s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
+                        s.goodput_per_second,
+                    );
+                    if bar.is_hidden() {
+                        eprintln!("{rate}: {line}");
+                    }
+                    bar.finish_with_message(line);
+                    rates.push(s);
+                    alive(server.as_mut())?;
+                }
+                Ok(())
+            }
+            .await;
+            if let Err(e) = outcome {
+                failure = Some(e);
+            }
+            if let Some(mut s) = server.take() {
+                match tokio::task::spawn_blocking(move || s.stop(Duration::from_secs(30))).await
+                {
+                    Ok(Ok(status)) => eprintln!("server stopped: {status}"),
+                    Ok(Err(e)) => eprintln!("server stop failed: {e:#}"),
+                    Err(e) => eprintln!("stopping the server failed: {e}"),
+                }
+            }
+        };
+        tokio::select! {
+            () = bench => false,
+            () = interrupted() => true,
+        }
+    });
+    let mut all_ok = true;
+    if let Some(e) = &failure {
+        eprintln!("nmt-bench overload: {e:#}\n(the rates that ran are reported)");
+        all_ok = false;
+    }
+    if interrupted_run {
+        eprintln!("nmt-bench overload: interrupted; partial results follow");
+        all_ok = false;
+    }
+
+    let goal = match calibration.as_ref().and_then(|c| c.unloaded_p99_ms) {
+        Some(u) => goal_checks(&rates, u, target_wait_seconds),
+        None => Vec::new(),
+    };
+    let report = OverloadReport {
+        date: crate::report::utc_now(),
+        command_line: crate::report::shell_join(&std::env::args().collect::<Vec<_>>()),
+        cpu_model: report::cpu_model(),
+        nproc: nproc(),
+        client_threads: args.common.client_threads,
+        server: ServerUnderTest {
+            bin: url
+                .is_none()
+                .then(|| args.common.server_bin.display().to_string()),
+            args: if url.is_none() { sargs } else { extra },
+            url,
+        },
+        model,
+        verses_file: args.common.verses.display().to_string(),
+        verses: verses.len(),
+        request_fields: args
+            .request_fields
+            .map(|RequestFields(f)| serde_json::Value::Object(f)),
+        arrivals: args.arrivals,
+        seed: args.seed,
+        warmup_seconds: args.warmup_seconds,
+        seconds: args.seconds,
+        client_timeout_seconds: args.common.request_timeout_seconds,
+        target_wait_seconds,
+        target_wait_source,
+        calibration,
+        rates,
+        goal,
+    };
+    println!("{}", report::tables(&report));
+    if let Some(path) = &args.out_md {
+        write(path, &report::markdown(&report))?;
+    }
+    if let Some(path) = &args.out_json {
+        write(path, &(serde_json::to_string_pretty(&report)? + "\n"))?;
+    }
+    Ok(all_ok)
+}
+
+/// One closed-loop calibration cell: its summary and the model name the server reported.
+async fn closed_cell(
+    client: &reqwest::Client,
+    base_url: &str,
+    bodies: &Arc<Vec<String>>,
+    mode: &str,
+    cell: &Cell,
+) -> (CellSummary, Option<String>) {
+    let bar = cell_bar("calibration", cell.clients);
+    let run = run_cell(client, base_url, Arc::clone(bodies), cell, &bar).await;
+    let s = crate::stats::summarize(mode, cell.clients, &run.samples, run.wall);
+    let line = format!(
+        "{} req, {} err, {:.2} req/s, {:.0} tok/s, p50 {} ms, p99 {} ms",
+        s.requests,
+        s.errors,
+        s.requests_per_second,
+        s.tokens_per_second,
+        s.p50_ms.map_or("-".into(), |v| format!("{v:.0}")),
+        s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
+    );
+    if bar.is_hidden() {
+        eprintln!("calibration, {} clients: {line}", cell.clients);
+    }
+    bar.finish_with_message(line);
+    (s, run.model)
+}
+
+/// Fails when the server the bench started has exited: what it measured is not the server's.
+fn alive(server: Option<&mut Server>) -> Result<()> {
+    if let Some(server) = server {
+        if let Some(status) = server.try_wait()? {
+            bail!(
+                "the server exited ({status}); its log:\n{}",
+                srv::log_tail(&server.log_path)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Polls `GET /ready` (or `/health` where there is no `/ready`) of an already running server
+/// until it answers 200.
+async fn check_ready(client: &reqwest::Client, base_url: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut path = "/ready";
+    loop {
+        let last = match client
+            .get(format!("{base_url}{path}"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND && path == "/ready" => {
+                path = "/health";
+                continue;
+            }
+            Ok(r) => format!("HTTP {}", r.status()),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            bail!("{base_url}{path} was not ready within {timeout:?} ({last})");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn flag_values_in_both_spellings() {
+        let a = strings(&["--intra-op-threads", "1", "--max-queue-wait=4.5", "--x"]);
+        assert_eq!(flag_value(&a, "--max-queue-wait"), Some("4.5"));
+        assert_eq!(flag_value(&a, "--intra-op-threads"), Some("1"));
+        assert_eq!(flag_value(&a, "--x"), None);
+        assert_eq!(flag_value(&a, "--max-queue"), None);
+        assert_eq!(flag_value(&a, "--request-timeout"), None);
+    }
+
+    #[test]
+    fn target_wait_as_the_server_reads_it() {
+        let (w, src) = target_wait(&[], &no_env).unwrap();
+        assert_eq!(w, 15.0);
+        assert!(src.contains("default"), "{src}");
+        let (w, _) = target_wait(&strings(&["--request-timeout", "9"]), &no_env).unwrap();
+        assert_eq!(w, 4.5);
+        let args = strings(&["--request-timeout", "9", "--max-queue-wait", "2"]);
+        assert_eq!(target_wait(&args, &no_env).unwrap().0, 2.0);
+        let env = |k: &str| (k == "NMT_MAX_QUEUE_WAIT").then(|| "3".to_string());
+        assert_eq!(target_wait(&[], &env).unwrap().0, 3.0);
+        // A flag wins over the environment, as in clap.
+        assert_eq!(
+            target_wait(&strings(&["--max-queue-wait=1"]), &env)
+                .unwrap()
+                .0,
+            1.0
+        );
+        let env = |k: &str| (k == "NMT_REQUEST_TIMEOUT").then(|| "20".to_string());
+        assert_eq!(target_wait(&[], &env).unwrap().0, 10.0);
+        assert!(target_wait(&strings(&["--max-queue-wait", "soon"]), &no_env).is_err());
+        assert!(target_wait(&strings(&["--max-queue-wait", "0"]), &no_env).is_err());
+    }
+
+    #[test]
+    fn saturation_clients_are_the_batch_rows() {
+        assert_eq!(saturation_clients(None, &[], &no_env).unwrap().0, 32);
+        let args = strings(&["--max-batch-size", "16"]);
+        let (n, rule) = saturation_clients(None, &args, &no_env).unwrap();
+        assert_eq!(n, 16);
+        assert!(rule.contains("--max-batch-size 16"), "{rule}");
+        assert_eq!(saturation_clients(Some(5), &args, &no_env).unwrap().0, 5);
+        let env = |k: &str| (k == "NMT_MAX_BATCH_SIZE").then(|| "8".to_string());
+        assert_eq!(saturation_clients(None, &[], &env).unwrap().0, 8);
+        assert!(saturation_clients(None, &strings(&["--max-batch-size", "0"]), &no_env).is_err());
+    }
+
+    #[test]
+    fn request_fields_join_the_text() {
+        let f = parse_fields(r#"{"target_length":"source","length_mode":"soft"}"#).unwrap();
+        let bodies = bodies_with(&strings(&["Jesus wept."]), Some(&f));
+        let body: serde_json::Value = serde_json::from_str(&bodies[0]).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"text": "Jesus wept.", "target_length": "source", "length_mode": "soft"})
+        );
+        assert_eq!(bodies_with(&strings(&["a"]), None)[0], r#"{"text":"a"}"#);
+        assert!(parse_fields(r#"{"text":"x"}"#).is_err());
+        assert!(parse_fields("[1]").is_err());
+        assert!(parse_fields("{").is_err());
+    }
+
+    #[test]
+    fn overload_arguments() {
+        use clap::Parser;
+        let a = crate::Args::try_parse_from([
+            "nmt-bench",
+            "overload",
+            "--rates",
+            "1x,40,10x",
+            "--arrivals",
+            "fixed",
+            "--",
+            "--max-queue-wait",
+            "4",
+        ])
+        .unwrap();
+        let Some(crate::Command::Overload(o)) = a.command else {
+            panic!("no overload command");
+        };
+        assert_eq!(
+            o.rates,
+            [
+                Rate::Multiple(1.0),
+                Rate::PerSecond(40.0),
+                Rate::Multiple(10.0)
+            ]
+        );
+        assert_eq!(o.arrivals, Arrivals::Fixed);
+        assert_eq!((o.seconds, o.warmup_seconds, o.seed), (25.0, 3.0, 1));
+        assert_eq!(o.mode, "continuous");
+        assert_eq!(o.common.server_args_trailing, ["--max-queue-wait", "4"]);
+        let d = crate::Args::try_parse_from(["nmt-bench", "overload"]).unwrap();
+        let Some(crate::Command::Overload(d)) = d.command else {
+            panic!("no overload command");
+        };
+        assert_eq!(
+            d.rates,
+            [
+                Rate::Multiple(1.0),
+                Rate::Multiple(2.0),
+                Rate::Multiple(10.0)
+            ]
+        );
+        assert_eq!(d.arrivals, Arrivals::Poisson);
+        assert!(crate::Args::try_parse_from(["nmt-bench", "overload", "--rates", "fast"]).is_err());
+    }
+}
