@@ -528,7 +528,13 @@ impl Infer {
                 // Held by the blocking task, so the next request's turn comes when this
                 // prediction is done even if this request has left by then.
                 let turn = match &model.length.predictor {
-                    Some(predictor) => Some(predictor.turn().await),
+                    Some(predictor) => match predictor.turn_unless_busy().await {
+                        Some(turn) => Some(turn),
+                        None => {
+                            tracing::debug!("the length predictor is busy: linear fit");
+                            return Ok(Ok(model.length.fit(&tokens)));
+                        }
+                    },
                     None => None,
                 };
                 tokio::task::spawn_blocking(move || {

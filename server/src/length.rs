@@ -189,14 +189,21 @@ impl LengthModel {
         };
         Ok(learned
             .into_iter()
-            .zip(source_tokens)
-            .map(|(p, &n)| match p {
-                Some(p) => Some((p, LengthSource::Predictor)),
-                None => self
-                    .linear_fit
-                    .map(|fit| (fit.predict(n).max(1.0), LengthSource::LinearFit)),
-            })
+            .zip(self.fit(source_tokens))
+            .map(|(p, fit)| p.map(|p| (p, LengthSource::Predictor)).or(fit))
             .collect())
+    }
+
+    /// The linear fit's length of each text; `None` when the package has none. Cheap: what
+    /// a text gets when the predictor cannot take it, or cannot take it soon.
+    pub fn fit(&self, source_tokens: &[usize]) -> Vec<Option<(f64, LengthSource)>> {
+        source_tokens
+            .iter()
+            .map(|&n| {
+                self.linear_fit
+                    .map(|fit| (fit.predict(n).max(1.0), LengthSource::LinearFit))
+            })
+            .collect()
     }
 
     /// The subword budget `max_chars` allows, at least one.

@@ -3,6 +3,7 @@
 //! source, which `"auto"` asks for and a length-aware decoder is fed by default.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context};
@@ -15,13 +16,17 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::onnx::{session_builder, SessionOptions};
 
+/// Most requests waiting for the predictor before more are given the linear fit: about a
+/// quarter of a second of predictions on one core, little next to a request's decoding.
+pub const PREDICTOR_QUEUE_LIMIT: usize = 32;
+
 pub struct LengthPredictor {
     // ONNX Runtime runs one call at a time per session here; predictions are short next to
     // decoding, so requests share it rather than each model worker owning one.
     session: Mutex<Session>,
     /// Requests take turns here, asynchronously, before they take a blocking thread to run
-    /// the session: see [`LengthPredictor::turn`].
-    turns: Arc<Semaphore>,
+    /// the session: see [`LengthPredictor::turn_unless_busy`].
+    turns: Turns,
     tokenizer: Tokenizer,
     max_input_tokens: usize,
 }
@@ -101,24 +106,24 @@ impl LengthPredictor {
         }
         Ok(LengthPredictor {
             session: Mutex::new(session),
-            turns: Arc::new(Semaphore::new(1)),
+            turns: Turns::new(),
             tokenizer,
             max_input_tokens: spec.max_input_tokens,
         })
     }
 
     /// Waits, without holding a thread, until the session is free for the caller, who holds
-    /// it until the permit drops. A blocking thread that waited on the session's lock instead
-    /// could not be taken back: a flood of requests whose clients then left (timeouts, closed
-    /// connections) kept up to the runtime's 512 blocking threads and a queue of predictions
-    /// nobody would read, and every later request waited behind all of them, long past its
-    /// timeout. A caller that leaves while waiting here leaves the queue.
-    pub async fn turn(&self) -> OwnedSemaphorePermit {
-        self.turns
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed")
+    /// it until the permit drops; `None` at once when [`PREDICTOR_QUEUE_LIMIT`] callers are
+    /// already waiting, and the caller should use the linear fit instead.
+    ///
+    /// A blocking thread that waited on the session's lock instead could not be taken back: a
+    /// flood of requests whose clients then left kept up to the runtime's 512 blocking threads
+    /// and a queue of predictions nobody would read. And the queue has to stay short because
+    /// it comes before admission: under an open-loop overload (`nmt-bench overload` at 10x)
+    /// requests waited out their whole timeout here, at 100-140 predictions a second, before
+    /// the scheduler could refuse them at the door.
+    pub async fn turn_unless_busy(&self) -> Option<OwnedSemaphorePermit> {
+        self.turns.take_unless_queued(PREDICTOR_QUEUE_LIMIT).await
     }
 
     /// The predicted target length of each text (target subwords, EOS not counted,
@@ -177,5 +182,91 @@ impl LengthPredictor {
             predictions[i] = p.is_finite().then_some(p);
         }
         Ok(predictions)
+    }
+}
+
+/// Turns at a resource one caller at a time, with the number of callers waiting for one.
+struct Turns {
+    semaphore: Arc<Semaphore>,
+    waiting: AtomicUsize,
+}
+
+/// Counts a caller out of the waiting ones however it stops waiting (its turn came, or its
+/// future was dropped because the client left).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Turns {
+    fn new() -> Self {
+        Turns {
+            semaphore: Arc::new(Semaphore::new(1)),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// A turn, or `None` at once when `limit` callers are already waiting.
+    async fn take_unless_queued(&self, limit: usize) -> Option<OwnedSemaphorePermit> {
+        let ahead = self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        if ahead >= limit {
+            return None;
+        }
+        Some(
+            self.semaphore
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the semaphore is never closed"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn until_waiting(turns: &Turns, n: usize) {
+        while turns.waiting.load(Ordering::SeqCst) != n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn callers_past_the_limit_are_turned_away_at_once_and_the_rest_are_served() {
+        let turns = Arc::new(Turns::new());
+        let held = turns.take_unless_queued(2).await.expect("a free turn");
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let turns = turns.clone();
+                tokio::spawn(async move { turns.take_unless_queued(2).await.is_some() })
+            })
+            .collect();
+        until_waiting(&turns, 2).await;
+        assert!(
+            turns.take_unless_queued(2).await.is_none(),
+            "a third waiter"
+        );
+        assert_eq!(turns.waiting.load(Ordering::SeqCst), 2);
+
+        // A waiter whose client leaves gives its place back.
+        let leaving = {
+            let turns = turns.clone();
+            tokio::spawn(async move { turns.take_unless_queued(3).await })
+        };
+        until_waiting(&turns, 3).await;
+        leaving.abort();
+        until_waiting(&turns, 2).await;
+
+        drop(held);
+        for waiter in waiters {
+            assert!(waiter.await.unwrap(), "each waiter got its turn");
+        }
+        assert_eq!(turns.waiting.load(Ordering::SeqCst), 0);
     }
 }

@@ -118,8 +118,8 @@ pub struct RateSummary {
     pub send_lag_max_ms: Option<f64>,
     /// From the end of the schedule to the last answer.
     pub drain_seconds: f64,
-    /// The machine's 1-minute load average when the rate was over (server and clients count
-    /// about 2 of it): more says something else wanted the CPU too.
+    /// The machine's 1-minute load average when the rate was over. Server and clients account
+    /// for up to about 2 of it; more says something else wanted the CPU too.
     pub load_average: Option<f64>,
 }
 
