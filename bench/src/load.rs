@@ -177,6 +177,37 @@ async fn one_request(
     body: &str,
     timeout: Duration,
 ) -> (Outcome, Option<String>) {
+    match post_translate(client, url, body, timeout).await {
+        Reply::Translated {
+            output_tokens,
+            model,
+        } => (Outcome::Ok { output_tokens }, Some(model)),
+        Reply::Status { status, .. } => (Outcome::Error(format!("http {status}")), None),
+        Reply::Failed(kind) => (Outcome::Error(kind), None),
+    }
+}
+
+/// What one `POST /translate` came back with.
+pub enum Reply {
+    /// HTTP 200 with a well-formed body: the sum of `output_tokens` over its translations.
+    Translated { output_tokens: u64, model: String },
+    /// Any other status, with its `Retry-After` header as sent.
+    Status {
+        status: u16,
+        retry_after: Option<String>,
+    },
+    /// No well-formed answer, by kind: `timeout`, `connect`, `body`, `transport`, `bad body`.
+    Failed(String),
+}
+
+/// Posts `body` to `url` and reads the whole answer (latency includes it, and the connection
+/// is reused).
+pub async fn post_translate(
+    client: &reqwest::Client,
+    url: &str,
+    body: &str,
+    timeout: Duration,
+) -> Reply {
     let resp = client
         .post(url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -186,25 +217,29 @@ async fn one_request(
         .await;
     let resp = match resp {
         Ok(resp) => resp,
-        Err(e) => return (Outcome::Error(transport_error_kind(&e)), None),
+        Err(e) => return Reply::Failed(transport_error_kind(&e)),
     };
     let status = resp.status();
-    // Read the whole body either way: latency includes it, and the connection is reused.
+    let retry_after = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let bytes = match resp.bytes().await {
         Ok(b) => b,
-        Err(e) => return (Outcome::Error(transport_error_kind(&e)), None),
+        Err(e) => return Reply::Failed(transport_error_kind(&e)),
     };
     if status != reqwest::StatusCode::OK {
-        return (Outcome::Error(format!("http {}", status.as_u16())), None);
+        return Reply::Status {
+            status: status.as_u16(),
+            retry_after,
+        };
     }
     match serde_json::from_slice::<TranslateResponse>(&bytes) {
-        Ok(r) => (
-            Outcome::Ok {
-                output_tokens: r.translations.iter().map(|t| t.output_tokens).sum(),
-            },
-            Some(r.model),
-        ),
-        Err(_) => (Outcome::Error("bad body".to_string()), None),
+        Ok(r) => Reply::Translated {
+            output_tokens: r.translations.iter().map(|t| t.output_tokens).sum(),
+            model: r.model,
+        },
+        Err(_) => Reply::Failed("bad body".to_string()),
     }
 }
 

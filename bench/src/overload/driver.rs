@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 
 use super::summary::{Outcome, Sample};
-use crate::load::{transport_error_kind, TranslateResponse};
+use crate::load::{post_translate, Reply};
 
 /// What one rate produced.
 #[derive(Debug)]
@@ -169,40 +169,16 @@ async fn one_request(
     body: &str,
     timeout: Duration,
 ) -> (Outcome, Option<String>) {
-    let resp = client
-        .post(url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body.to_string())
-        .timeout(timeout)
-        .send()
-        .await;
-    let resp = match resp {
-        Ok(resp) => resp,
-        Err(e) => return (Outcome::Failed(transport_error_kind(&e)), None),
-    };
-    let status = resp.status();
-    let retry_after = resp
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    // Read the whole body either way: latency includes it, and the connection is reused.
-    let bytes = match resp.bytes().await {
-        Ok(b) => b,
-        Err(e) => return (Outcome::Failed(transport_error_kind(&e)), None),
-    };
-    if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-        return (Outcome::Shed { retry_after }, None);
-    }
-    if status != reqwest::StatusCode::OK {
-        return (Outcome::Failed(format!("http {}", status.as_u16())), None);
-    }
-    match serde_json::from_slice::<TranslateResponse>(&bytes) {
-        Ok(r) => (
-            Outcome::Answered {
-                output_tokens: r.translations.iter().map(|t| t.output_tokens).sum(),
-            },
-            Some(r.model),
-        ),
-        Err(_) => (Outcome::Failed("bad body".to_string()), None),
+    match post_translate(client, url, body, timeout).await {
+        Reply::Translated {
+            output_tokens,
+            model,
+        } => (Outcome::Answered { output_tokens }, Some(model)),
+        Reply::Status {
+            status: 429,
+            retry_after,
+        } => (Outcome::Shed { retry_after }, None),
+        Reply::Status { status, .. } => (Outcome::Failed(format!("http {status}")), None),
+        Reply::Failed(kind) => (Outcome::Failed(kind), None),
     }
 }
