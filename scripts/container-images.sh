@@ -60,6 +60,7 @@ echo "container-images: built in $(( $(date +%s) - start )) s; size $(podman ima
 mnt=$(podman image mount localhost/nmt-server:latest)
 cleanup() {
   [ -n "${server:-}" ] && kill -9 "$server" 2>/dev/null || true
+  umount "$mnt/proc" 2>/dev/null || true
   podman image unmount localhost/nmt-server:latest >/dev/null || true
   [ -n "${KEEP:-}" ] || podman rmi -f localhost/nmt-server:latest >/dev/null 2>&1 || true
 }
@@ -87,7 +88,6 @@ env -i "${envs[@]}" NMT_PORT="$PORT" chroot --userspec="$uid:$gid" "$mnt" bash -
 echo "container-images: health check passed" >&2
 kill -TERM "$server"
 status=0; wait "$server" || status=$?
-umount "$mnt/proc" 2>/dev/null || true
 server=""
 echo "container-images: SIGTERM -> exit $status" >&2
 [ "$status" -eq 0 ]

@@ -224,6 +224,16 @@ fn main() -> ExitCode {
     }
 }
 
+impl CommonArgs {
+    /// `--startup-timeout-seconds` and `--request-timeout-seconds`.
+    fn timeouts(&self) -> Result<(Duration, Duration)> {
+        Ok((
+            secs(self.startup_timeout_seconds, "--startup-timeout-seconds")?,
+            secs(self.request_timeout_seconds, "--request-timeout-seconds")?,
+        ))
+    }
+}
+
 fn secs(s: f64, what: &str) -> Result<Duration> {
     Duration::try_from_secs_f64(s).with_context(|| format!("{what}: bad number of seconds {s}"))
 }
@@ -254,14 +264,7 @@ fn run(args: Args) -> Result<bool> {
     );
     let measure = secs(args.seconds, "--seconds")?;
     let warmup = secs(args.warmup_seconds, "--warmup-seconds")?;
-    let startup_timeout = secs(
-        args.common.startup_timeout_seconds,
-        "--startup-timeout-seconds",
-    )?;
-    let request_timeout = secs(
-        args.common.request_timeout_seconds,
-        "--request-timeout-seconds",
-    )?;
+    let (startup_timeout, request_timeout) = args.common.timeouts()?;
 
     let verses = verses::load(&args.common.verses)?;
     let bodies = request_bodies(&verses);
@@ -413,13 +416,13 @@ fn run(args: Args) -> Result<bool> {
         results,
         ratios,
     };
-    println!("{}", report::tables(&report));
-    if let Some(path) = &args.out_md {
-        write(path, &report::markdown(&report))?;
-    }
-    if let Some(path) = &args.out_json {
-        write(path, &(serde_json::to_string_pretty(&report)? + "\n"))?;
-    }
+    emit(
+        &report,
+        report::tables(&report),
+        || report::markdown(&report),
+        args.out_md.as_deref(),
+        args.out_json.as_deref(),
+    )?;
     Ok(all_ok)
 }
 
@@ -612,6 +615,24 @@ fn file_safe(name: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Prints a report's tables and writes its markdown and JSON where asked.
+fn emit<R: serde::Serialize>(
+    report: &R,
+    tables: String,
+    markdown: impl FnOnce() -> String,
+    out_md: Option<&Path>,
+    out_json: Option<&Path>,
+) -> Result<()> {
+    println!("{tables}");
+    if let Some(path) = out_md {
+        write(path, &markdown())?;
+    }
+    if let Some(path) = out_json {
+        write(path, &(serde_json::to_string_pretty(report)? + "\n"))?;
+    }
+    Ok(())
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {

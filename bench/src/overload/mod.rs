@@ -28,8 +28,8 @@ use crate::load::{cell_bar, run_cell, Cell};
 use crate::server::{self as srv, server_args, Server};
 use crate::stats::CellSummary;
 use crate::{
-    client_runtime, interrupted, log_paths, nproc, request_bodies, secs, start_server,
-    warn_without_ort, write, CommonArgs,
+    client_runtime, emit, interrupted, log_paths, nproc, request_bodies, secs, start_server,
+    warn_without_ort, CommonArgs,
 };
 
 /// Open-loop overload: offers each of `--rates` to one server (started here, or `--url`) for
@@ -254,14 +254,7 @@ pub fn run(args: OverloadArgs) -> Result<bool> {
     let measure = secs(args.seconds, "--seconds")?;
     let warmup = secs(args.warmup_seconds, "--warmup-seconds")?;
     let calibrate = secs(args.calibrate_seconds, "--calibrate-seconds")?;
-    let startup_timeout = secs(
-        args.common.startup_timeout_seconds,
-        "--startup-timeout-seconds",
-    )?;
-    let request_timeout = secs(
-        args.common.request_timeout_seconds,
-        "--request-timeout-seconds",
-    )?;
+    let (startup_timeout, request_timeout) = args.common.timeouts()?;
     let url = args
         .url
         .as_deref()
@@ -487,13 +480,13 @@ pub fn run(args: OverloadArgs) -> Result<bool> {
         rates,
         goal,
     };
-    println!("{}", report::tables(&report));
-    if let Some(path) = &args.out_md {
-        write(path, &report::markdown(&report))?;
-    }
-    if let Some(path) = &args.out_json {
-        write(path, &(serde_json::to_string_pretty(&report)? + "\n"))?;
-    }
+    emit(
+        &report,
+        report::tables(&report),
+        || report::markdown(&report),
+        args.out_md.as_deref(),
+        args.out_json.as_deref(),
+    )?;
     Ok(all_ok)
 }
 
