@@ -5,11 +5,13 @@ use std::path::PathBuf;
 use clap::Parser;
 use nmt_server::onnx::Device;
 
+use crate::stats::BucketEdges;
+
 /// Evaluates model packages the way nmt-server translates: the same tokenizer, length
 /// budget, ONNX Runtime engine and greedy decode loop, with no HTTP in between. Scores with
 /// sacrebleu's own command line (BLEU, chrF, TER with bootstrap confidence intervals, and the
-/// paired bootstrap against a baseline), overall and by source length in the server's
-/// `input_length` buckets; counts looping outputs and outputs that hit the length budget;
+/// paired bootstrap against a baseline), overall and by source-length bucket (the server's
+/// `input_length` buckets, or `--bucket-edges`); counts looping outputs and outputs that hit the length budget;
 /// evaluates the long-input set (test-concat.tsv) against the same verses translated one by
 /// one. Writes hypotheses, report.json, report.md and PNG plots to `--out`.
 ///
@@ -27,7 +29,8 @@ pub struct Args {
     pub packages: Vec<PathBuf>,
 
     /// Baseline package of the paired bootstrap (sacrebleu `--paired-bs`): every `--package`
-    /// is tested against it.
+    /// is tested against it on the whole set, on each source-length bucket (the sentences the
+    /// baseline's tokenizer puts there) and on each long-input group size.
     #[arg(long)]
     pub baseline: Option<PathBuf>,
 
@@ -102,6 +105,15 @@ pub struct Args {
     #[arg(long)]
     pub out: Option<PathBuf>,
 
+    /// Source-length buckets of the scores by length and of the per-bucket paired bootstrap:
+    /// comma-separated inclusive upper bounds in source subwords (the package's tokenizer,
+    /// EOS not counted), strictly increasing, at least one. Buckets are 1..=E1, E1+1..=E2,
+    /// ..., and one open bucket past the last edge: `--bucket-edges 32` gives `1-32` and
+    /// `33+`, inputs within and beyond a training length of 32 subwords. Empty buckets are
+    /// left out. The default is the server's `input_length` buckets.
+    #[arg(long, value_name = "E1,E2,...", default_value_t = BucketEdges::default())]
+    pub bucket_edges: BucketEdges,
+
     /// Bootstrap resamples of sacrebleu's `--confidence-n` and `--paired-bs-n`.
     #[arg(long, default_value_t = 1000)]
     pub bootstrap_samples: usize,
@@ -164,5 +176,12 @@ mod tests {
         assert_eq!(args.packages.len(), 2);
         assert!(Args::try_parse_from(["nmt-eval", "--package", "p", "--source", "s"]).is_err());
         assert!(Args::try_parse_from(["nmt-eval"]).is_err());
+        assert_eq!(args.bucket_edges, BucketEdges::default());
+        let args = Args::try_parse_from(["nmt-eval", "--package", "p", "--bucket-edges", "32,64"]);
+        assert_eq!(args.unwrap().bucket_edges.edges(), [32, 64]);
+        for bad in ["", "0", "64,32", "32,32"] {
+            let args = ["nmt-eval", "--package", "p", "--bucket-edges", bad];
+            assert!(Args::try_parse_from(args).is_err(), "{bad:?}");
+        }
     }
 }

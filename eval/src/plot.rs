@@ -154,7 +154,10 @@ fn draw_series<'a>(ctx: &mut Ctx<'a, 'a>, chart: &Chart) -> Result<()> {
 /// package. Returns how many were written.
 pub fn write_plots(report: &crate::report::Report, out: &Path, font: &Path) -> Result<usize> {
     load_font(font)?;
-    let labels: Vec<String> = crate::stats::bucket_labels()
+    let labels: Vec<String> = report
+        .decoding
+        .bucket_edges
+        .labels()
         .into_iter()
         .filter(|l| {
             report
@@ -162,7 +165,6 @@ pub fn write_plots(report: &crate::report::Report, out: &Path, font: &Path) -> R
                 .iter()
                 .any(|s| s.by_source_length.iter().any(|b| b.bucket == *l))
         })
-        .map(String::from)
         .collect();
     let series = |value: fn(&crate::report::Row) -> f64| -> Vec<(String, Vec<Option<f64>>)> {
         report

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::sacrebleu::{PairedMetric, Scores, Signatures};
-use crate::stats::Counts;
+use crate::sacrebleu::{PairedMetric, PairedSystem, Scores, Signatures};
+use crate::stats::{BucketEdges, Counts};
 use nmt_translate::engine::PackageInfo;
 
 /// p-values below this count as a significant difference.
@@ -43,6 +43,9 @@ pub struct Decoding {
     pub beyond_input_limit: bool,
     /// The length every test sentence asked for, as request fields (`None`: none).
     pub length_ask: Option<String>,
+    /// Inclusive upper bounds (source subwords) of the source-length buckets
+    /// (`--bucket-edges`); the last bucket is open.
+    pub bucket_edges: BucketEdges,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -64,7 +67,8 @@ pub struct Row {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BucketRow {
-    /// The server's `input_length` label (source subwords).
+    /// The bucket's label: source subwords, `--bucket-edges` (by default the server's
+    /// `input_length` buckets).
     pub bucket: String,
     #[serde(flatten)]
     pub row: Row,
@@ -103,6 +107,71 @@ pub struct PairedReport {
     pub samples: usize,
     pub significance_level: f64,
     pub systems: Vec<PairedEntry>,
+    /// Each bucket's sentences (as the baseline's tokenizer buckets them), every system
+    /// against the baseline, bucket by bucket; BLEU and chrF.
+    pub by_bucket: Vec<BucketPaired>,
+    /// Each group size of the long-input set, translated joined; BLEU and chrF.
+    pub by_n_verses: Vec<ConcatPaired>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BucketPaired {
+    pub bucket: String,
+    #[serde(flatten)]
+    pub paired: SubsetPaired,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConcatPaired {
+    pub n_verses: usize,
+    #[serde(flatten)]
+    pub paired: SubsetPaired,
+}
+
+/// One system against the baseline on a subset: scores, score minus the baseline's, and
+/// sacrebleu's p-value, flat so that a table of them reads straight into a data frame.
+#[derive(Clone, Debug, Serialize)]
+pub struct SubsetPaired {
+    pub system: String,
+    /// Sentences (long-input groups) in the subset.
+    pub sentences: usize,
+    pub bleu: f64,
+    pub bleu_baseline: f64,
+    pub bleu_delta: f64,
+    pub bleu_p: f64,
+    pub bleu_significant: bool,
+    pub chrf: f64,
+    pub chrf_baseline: f64,
+    pub chrf_delta: f64,
+    pub chrf_p: f64,
+    pub chrf_significant: bool,
+}
+
+impl SubsetPaired {
+    /// `None` for the baseline itself (no p-value).
+    pub fn new(
+        system: &str,
+        sentences: usize,
+        result: &PairedSystem,
+        baseline: &PairedSystem,
+    ) -> Option<SubsetPaired> {
+        let bleu = Compared::new(result.bleu.clone(), &baseline.bleu);
+        let chrf = Compared::new(result.chrf.clone(), &baseline.chrf);
+        Some(SubsetPaired {
+            system: system.to_string(),
+            sentences,
+            bleu: bleu.metric.score,
+            bleu_baseline: baseline.bleu.score,
+            bleu_delta: bleu.delta,
+            bleu_p: bleu.metric.p_value?,
+            bleu_significant: bleu.significant,
+            chrf: chrf.metric.score,
+            chrf_baseline: baseline.chrf.score,
+            chrf_delta: chrf.delta,
+            chrf_p: chrf.metric.p_value?,
+            chrf_significant: chrf.significant,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -184,13 +253,19 @@ pub fn render_markdown(report: &Report) -> String {
         },
         report.sacrebleu.bootstrap_samples,
     );
+    let edges = &report.decoding.bucket_edges;
+    let _ = writeln!(
+        md,
+        "Source-length buckets (source subwords, EOS not counted; `--bucket-edges {edges}`): {}.\n",
+        edges.labels().join(", ")
+    );
     if let Some(ask) = &report.decoding.length_ask {
         let _ = writeln!(md, "Every test sentence asks for: {ask}.\n");
     }
     overall_table(&mut md, report);
     length_table(&mut md, report);
     for system in &report.systems {
-        bucket_table(&mut md, system);
+        bucket_table(&mut md, system, &report.decoding.bucket_edges);
     }
     if report.systems.iter().any(|s| !s.concat.is_empty()) {
         concat_tables(&mut md, report);
@@ -287,10 +362,15 @@ fn length_table(md: &mut String, report: &Report) {
     let _ = writeln!(md);
 }
 
-fn bucket_table(md: &mut String, system: &SystemReport) {
+fn bucket_table(md: &mut String, system: &SystemReport, edges: &BucketEdges) {
+    let which = if edges.are_the_servers() {
+        "the server's buckets".to_string()
+    } else {
+        format!("bucket edges {edges}")
+    };
     let _ = writeln!(
         md,
-        "## {}: by source length (subwords, the server's buckets)\n",
+        "## {}: by source length (subwords, {which})\n",
         system.label
     );
     let _ = writeln!(md, "| bucket {ROW_HEADER}");
@@ -351,13 +431,7 @@ fn paired_table(md: &mut String, paired: &PairedReport) {
         "| package | BLEU | chrF | TER |\n| --- | ---: | ---: | ---: |"
     );
     let cell = |c: &Compared| match c.metric.p_value {
-        Some(p) => format!(
-            "{:.2} ({:+.2}, p = {:.4}){}",
-            c.metric.score,
-            c.delta,
-            p,
-            if c.significant { " *" } else { "" }
-        ),
+        Some(p) => paired_cell(c.metric.score, c.delta, p, c.significant),
         None => format!("{:.2} (baseline)", c.metric.score),
     };
     for e in &paired.systems {
@@ -370,11 +444,58 @@ fn paired_table(md: &mut String, paired: &PairedReport) {
             cell(&e.ter)
         );
     }
+    subset_paired_tables(md, paired);
     let _ = writeln!(
         md,
         "\n`*`: significant at p < {} with a non-zero difference.\n",
         paired.significance_level
     );
+}
+
+/// A system's score, its difference from the baseline and sacrebleu's p-value.
+fn paired_cell(score: f64, delta: f64, p: f64, significant: bool) -> String {
+    format!(
+        "{score:.2} ({delta:+.2}, p = {p:.4}){}",
+        if significant { " *" } else { "" }
+    )
+}
+
+fn subset_cells(s: &SubsetPaired) -> String {
+    format!(
+        "{} | {} | {} | {} |",
+        s.sentences,
+        s.system,
+        paired_cell(s.bleu, s.bleu_delta, s.bleu_p, s.bleu_significant),
+        paired_cell(s.chrf, s.chrf_delta, s.chrf_p, s.chrf_significant)
+    )
+}
+
+/// The paired bootstrap run again on each bucket and each long-input group size.
+fn subset_paired_tables(md: &mut String, paired: &PairedReport) {
+    if !paired.by_bucket.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nBy source length (each bucket's sentences as the baseline's tokenizer counts \
+             them; one sacrebleu --paired-bs per bucket):\n"
+        );
+        let _ = writeln!(
+            md,
+            "| bucket | sentences | package | BLEU | chrF |\n| --- | ---: | --- | ---: | ---: |"
+        );
+        for b in &paired.by_bucket {
+            let _ = writeln!(md, "| {} | {}", b.bucket, subset_cells(&b.paired));
+        }
+    }
+    if !paired.by_n_verses.is_empty() {
+        let _ = writeln!(md, "\nLong inputs, verses joined into one input:\n");
+        let _ = writeln!(
+            md,
+            "| verses | groups | package | BLEU | chrF |\n| ---: | ---: | --- | ---: | ---: |"
+        );
+        for c in &paired.by_n_verses {
+            let _ = writeln!(md, "| {} | {}", c.n_verses, subset_cells(&c.paired));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -465,6 +586,28 @@ mod tests {
         }
     }
 
+    fn subset_paired(system: &str, sentences: usize) -> SubsetPaired {
+        let system_result = |bleu, chrf, p| PairedSystem {
+            bleu: paired(p, bleu),
+            chrf: paired(p, chrf),
+            ter: None,
+        };
+        let baseline = PairedSystem {
+            bleu: PairedMetric {
+                p_value: None,
+                ..paired(0.0, 12.0)
+            },
+            ..system_result(12.0, 30.0, 0.0)
+        };
+        SubsetPaired::new(
+            system,
+            sentences,
+            &system_result(9.5, 30.0, 0.02),
+            &baseline,
+        )
+        .unwrap()
+    }
+
     fn report() -> Report {
         let base = PairedMetric {
             p_value: None,
@@ -486,6 +629,7 @@ mod tests {
                 max_length_offset: 10,
                 beyond_input_limit: false,
                 length_ask: None,
+                bucket_edges: BucketEdges::default(),
             },
             sacrebleu: SacrebleuInfo {
                 signatures: Signatures {
@@ -515,6 +659,14 @@ mod tests {
                         ter: Compared::new(paired(0.001, 10.5), &base),
                     },
                 ],
+                by_bucket: vec![BucketPaired {
+                    bucket: "17-32".into(),
+                    paired: subset_paired("b", 3),
+                }],
+                by_n_verses: vec![ConcatPaired {
+                    n_verses: 2,
+                    paired: subset_paired("b", 2),
+                }],
             }),
         }
     }
@@ -543,6 +695,54 @@ mod tests {
         // BLEU differs with p = 0.001: significant. TER has p = 0.001 but the same score
         // (sacrebleu's p for a zero difference): not significant. chrF: p = 0.3.
         assert!(md.contains("| b | 12.00 (+1.50, p = 0.0010) * | 11.00 (+0.50, p = 0.3000) | 10.50 (+0.00, p = 0.0010) |"), "{md}");
+    }
+
+    #[test]
+    fn bucket_edges_and_the_paired_bootstrap_by_subset_are_reported() {
+        let mut report = report();
+        let md = render_markdown(&report);
+        assert!(md.contains("## b: by source length (subwords, the server's buckets)"));
+        assert!(
+            md.contains("`--bucket-edges 16,32,64,128,256,512`): 1-16, 17-32,"),
+            "{md}"
+        );
+        // chrF: p = 0.02 but the same score, so not significant.
+        assert!(
+            md.contains(
+                "| 17-32 | 3 | b | 9.50 (-2.50, p = 0.0200) * | 30.00 (+0.00, p = 0.0200) |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 2 | 2 | b | 9.50 (-2.50, p = 0.0200) * |"),
+            "{md}"
+        );
+        report.decoding.bucket_edges = "32".parse().unwrap();
+        let md = render_markdown(&report);
+        assert!(
+            md.contains("## b: by source length (subwords, bucket edges 32)"),
+            "{md}"
+        );
+        assert!(md.contains("`--bucket-edges 32`): 1-32, 33+."), "{md}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["decoding"]["bucket_edges"], serde_json::json!([32]));
+        let bucket = &json["paired_bootstrap"]["by_bucket"][0];
+        assert_eq!(bucket["bucket"], "17-32");
+        assert_eq!(bucket["system"], "b");
+        assert_eq!(bucket["sentences"], 3);
+        assert_eq!(bucket["bleu_delta"], -2.5);
+        assert_eq!(bucket["bleu_baseline"], 12.0);
+        assert_eq!(bucket["bleu_p"], 0.02);
+        assert_eq!(bucket["bleu_significant"], true);
+        assert_eq!(bucket["chrf_significant"], false);
+        assert_eq!(json["paired_bootstrap"]["by_n_verses"][0]["n_verses"], 2);
+        // The baseline has no p-value, so no row of its own.
+        let base = PairedSystem {
+            bleu: PairedMetric::default(),
+            chrf: PairedMetric::default(),
+            ter: None,
+        };
+        assert!(SubsetPaired::new("a", 1, &base, &base).is_none());
     }
 
     #[test]

@@ -12,11 +12,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::cli::{Args, LengthModeArg, TargetLengthArg};
 use crate::data::{self, ConcatGroup, Parallel};
 use crate::report::{
-    self, BucketRow, Compared, ConcatRow, Decoding, PairedEntry, PairedReport, Report, Row,
-    SacrebleuInfo, SetInfo, SystemReport,
+    self, BucketPaired, BucketRow, Compared, ConcatPaired, ConcatRow, Decoding, PairedEntry,
+    PairedReport, Report, Row, SacrebleuInfo, SetInfo, SubsetPaired, SystemReport,
 };
 use crate::sacrebleu::{self, Job, PairedSystem, Signatures};
-use crate::stats::{self, Counts};
+use crate::stats::{self, BucketEdges, Counts};
 use nmt_server::length::{LengthMode, LengthRequest, TargetLength};
 use nmt_translate::engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
 
@@ -341,12 +341,20 @@ fn write_subset(
 
 /// What is scored for one package.
 struct Plan {
+    dir: PathBuf,
     overall: Pending,
-    buckets: Vec<(String, Pending)>,
+    /// Label, sentence indices, files.
+    buckets: Vec<(String, Vec<usize>, Pending)>,
     concat: Vec<(usize, Pending, Pending)>,
 }
 
-fn plan(dir: &Path, set: &EvalSet, decoded: &Decoded, reference_file: &Path) -> Result<Plan> {
+fn plan(
+    dir: &Path,
+    set: &EvalSet,
+    decoded: &Decoded,
+    reference_file: &Path,
+    edges: &BucketEdges,
+) -> Result<Plan> {
     fs::create_dir_all(dir.join("by-length"))?;
     let all: Vec<usize> = (0..set.data.len()).collect();
     let (t, refs, lens) = (
@@ -359,12 +367,10 @@ fn plan(dir: &Path, set: &EvalSet, decoded: &Decoded, reference_file: &Path) -> 
     fs::remove_file(&overall.references)?;
     overall.references = reference_file.to_path_buf();
     let mut buckets = Vec::new();
-    for (label, rows) in stats::by_bucket(t) {
+    for (label, rows) in stats::by_bucket(t, edges) {
         let stem = format!("by-length/{}.{label}", set.name);
-        buckets.push((
-            label.to_string(),
-            write_subset(dir, &stem, &rows, t, refs, lens)?,
-        ));
+        let pending = write_subset(dir, &stem, &rows, t, refs, lens)?;
+        buckets.push((label, rows, pending));
     }
     let mut concat = Vec::new();
     for c in &decoded.concat {
@@ -383,6 +389,7 @@ fn plan(dir: &Path, set: &EvalSet, decoded: &Decoded, reference_file: &Path) -> 
         concat.push((c.n_verses, joined, one));
     }
     Ok(Plan {
+        dir: dir.to_path_buf(),
         overall,
         buckets,
         concat,
@@ -394,7 +401,7 @@ impl Plan {
     /// whether it gets TER (not the long-input set: see [`Job::single`]).
     fn subsets(&self) -> Vec<(&Pending, bool)> {
         let mut all = vec![(&self.overall, true)];
-        all.extend(self.buckets.iter().map(|(_, p)| (p, true)));
+        all.extend(self.buckets.iter().map(|(_, _, p)| (p, true)));
         all.extend(
             self.concat
                 .iter()
@@ -422,7 +429,7 @@ fn system_report(
     let by_source_length = plan
         .buckets
         .iter()
-        .map(|(bucket, p)| BucketRow {
+        .map(|(bucket, _, p)| BucketRow {
             bucket: bucket.clone(),
             row: row(p, &mut scores),
         })
@@ -507,7 +514,8 @@ pub fn run(args: &Args) -> Result<()> {
         let mut engine = Engine::load(dir, &options)?;
         let label = unique_label(&engine.info.name, &labels);
         let d = decode(&mut engine, &set, args)?;
-        plans.push(plan(&out.join(&label), &set, &d, &reference_file)?);
+        let edges = &args.bucket_edges;
+        plans.push(plan(&out.join(&label), &set, &d, &reference_file, edges)?);
         labels.push(label);
         decoded.push(d);
     }
@@ -531,19 +539,11 @@ fn score(
         .map(|(p, ter)| Job::single(&p.references, &p.hypotheses, samples, ter))
         .collect();
     let singles = jobs.len();
-    if let Some(b) = baseline {
-        let others: Vec<PathBuf> = (0..plans.len())
-            .filter(|&i| i != b)
-            .map(|i| plans[i].overall.hypotheses.clone())
-            .collect();
-        let reference = &plans[b].overall.references;
-        jobs.push(Job::paired(
-            reference,
-            &plans[b].overall.hypotheses,
-            &others,
-            samples,
-        ));
-    }
+    let paired_jobs = match baseline {
+        Some(b) => paired_jobs(&set.name, &decoded, plans, b, samples)?,
+        None => Vec::new(),
+    };
+    jobs.extend(paired_jobs.iter().map(|p| p.job.clone()));
     eprintln!("nmt-eval: scoring {} subsets with sacrebleu", jobs.len());
     let outputs = sacrebleu::run(&args.python, &jobs)?;
     let parsed = outputs[..singles]
@@ -563,7 +563,13 @@ fn score(
         ));
     }
     let paired = match baseline {
-        Some(b) => Some(paired_report(&labels, b, &outputs[singles], samples)?),
+        Some(b) => Some(paired_report(
+            &labels,
+            b,
+            &outputs[singles..],
+            &paired_jobs,
+            samples,
+        )?),
         None => None,
     };
     check_version(&signatures);
@@ -596,6 +602,7 @@ fn decoding(args: &Args) -> Result<Decoding> {
         max_length_offset: limits.max_length_offset,
         beyond_input_limit: args.beyond_input_limit,
         length_ask: length_ask(args),
+        bucket_edges: args.bucket_edges.clone(),
     })
 }
 
@@ -635,39 +642,169 @@ fn check_version(signatures: &Signatures) {
     }
 }
 
+/// What one paired bootstrap compares the packages on.
+enum Subset {
+    Whole,
+    Bucket(String),
+    Concat(usize),
+}
+
+struct PairedJob {
+    subset: Subset,
+    sentences: usize,
+    job: Job,
+}
+
+/// The paired bootstrap's jobs, one sacrebleu call with every system per subset: the whole
+/// set (with TER), each of the baseline's buckets and each long-input group size, translated
+/// joined (BLEU and chrF: see [`Job::single`] on TER).
+fn paired_jobs(
+    set_name: &str,
+    decoded: &[Decoded],
+    plans: &[Plan],
+    b: usize,
+    samples: usize,
+) -> Result<Vec<PairedJob>> {
+    let others: Vec<usize> = (0..plans.len()).filter(|&i| i != b).collect();
+    let base = &plans[b];
+    let whole: Vec<PathBuf> = others
+        .iter()
+        .map(|&i| plans[i].overall.hypotheses.clone())
+        .collect();
+    let (reference, hypotheses) = (&base.overall.references, &base.overall.hypotheses);
+    let mut jobs = vec![PairedJob {
+        subset: Subset::Whole,
+        sentences: base.overall.counts.sentences,
+        job: Job::paired(reference, hypotheses, &whole, samples, true),
+    }];
+    for (label, rows, pending) in &base.buckets {
+        let systems = others
+            .iter()
+            .map(|&i| bucket_hypotheses(set_name, &plans[i], &decoded[i], label, rows))
+            .collect::<Result<Vec<_>>>()?;
+        let (reference, hypotheses) = (&pending.references, &pending.hypotheses);
+        jobs.push(PairedJob {
+            subset: Subset::Bucket(label.clone()),
+            sentences: rows.len(),
+            job: Job::paired(reference, hypotheses, &systems, samples, false),
+        });
+    }
+    for (n, joined, _) in &base.concat {
+        let systems = others
+            .iter()
+            .map(|&i| {
+                let found = plans[i].concat.iter().find(|(m, ..)| m == n);
+                found
+                    .map(|(_, j, _)| j.hypotheses.clone())
+                    .with_context(|| format!("a package has no {n}-verse groups"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        jobs.push(PairedJob {
+            subset: Subset::Concat(*n),
+            sentences: joined.counts.sentences,
+            job: Job::paired(
+                &joined.references,
+                &joined.hypotheses,
+                &systems,
+                samples,
+                false,
+            ),
+        });
+    }
+    Ok(jobs)
+}
+
+/// A package's outputs for the sentences the baseline put in bucket `label`: its own bucket
+/// file when its tokenizer put the same sentences there. A package with another tokenizer
+/// may count a sentence into another bucket, and a paired comparison needs the same
+/// sentences on both sides, so its outputs for the baseline's rows get a file of their own.
+fn bucket_hypotheses(
+    set_name: &str,
+    plan: &Plan,
+    decoded: &Decoded,
+    label: &str,
+    rows: &[usize],
+) -> Result<PathBuf> {
+    if let Some((.., p)) = plan
+        .buckets
+        .iter()
+        .find(|(l, r, _)| l == label && r == rows)
+    {
+        return Ok(p.hypotheses.clone());
+    }
+    let path = plan
+        .dir
+        .join(format!("by-length/{set_name}.{label}.baseline-rows.hyp"));
+    let texts = rows.iter().map(|&i| decoded.translations[i].text.as_str());
+    write_lines(&path, texts)?;
+    Ok(path)
+}
+
 fn paired_report(
     labels: &[String],
     baseline: usize,
-    output: &str,
+    outputs: &[String],
+    jobs: &[PairedJob],
     samples: usize,
 ) -> Result<PairedReport> {
-    let results: Vec<PairedSystem> = sacrebleu::parse_paired(output)?;
+    // sacrebleu answers the baseline first, then the systems in the order given.
     let order: Vec<usize> = std::iter::once(baseline)
         .chain((0..labels.len()).filter(|&i| i != baseline))
         .collect();
-    ensure!(
-        results.len() == order.len(),
-        "sacrebleu's paired bootstrap gave {} systems for {}",
-        results.len(),
-        order.len()
-    );
-    let base = results[0].clone();
+    let mut results = Vec::new();
+    for output in outputs {
+        let r: Vec<PairedSystem> = sacrebleu::parse_paired(output)?;
+        ensure!(
+            r.len() == order.len(),
+            "sacrebleu's paired bootstrap gave {} systems for {}",
+            r.len(),
+            order.len()
+        );
+        results.push(r);
+    }
+    let whole = &results[0];
+    let base_ter = whole[0]
+        .ter
+        .clone()
+        .context("no TER in the paired bootstrap")?;
     let systems = order
         .iter()
-        .zip(results)
-        .map(|(&i, r)| PairedEntry {
-            label: labels[i].clone(),
-            bleu: Compared::new(r.bleu, &base.bleu),
-            chrf: Compared::new(r.chrf, &base.chrf),
-            ter: Compared::new(r.ter, &base.ter),
+        .zip(whole)
+        .map(|(&i, r)| {
+            Ok(PairedEntry {
+                label: labels[i].clone(),
+                bleu: Compared::new(r.bleu.clone(), &whole[0].bleu),
+                chrf: Compared::new(r.chrf.clone(), &whole[0].chrf),
+                ter: Compared::new(r.ter.clone().context("no TER")?, &base_ter),
+            })
         })
-        .collect();
-    Ok(PairedReport {
+        .collect::<Result<Vec<_>>>()?;
+    let mut report = PairedReport {
         baseline: labels[baseline].clone(),
         samples,
         significance_level: report::SIGNIFICANCE_LEVEL,
         systems,
-    })
+        by_bucket: Vec::new(),
+        by_n_verses: Vec::new(),
+    };
+    for (job, r) in jobs.iter().zip(&results).skip(1) {
+        for (&i, system) in order.iter().zip(r).skip(1) {
+            let paired = SubsetPaired::new(&labels[i], job.sentences, system, &r[0])
+                .context("no p-value in the paired bootstrap")?;
+            match &job.subset {
+                Subset::Bucket(bucket) => report.by_bucket.push(BucketPaired {
+                    bucket: bucket.clone(),
+                    paired,
+                }),
+                Subset::Concat(n_verses) => report.by_n_verses.push(ConcatPaired {
+                    n_verses: *n_verses,
+                    paired,
+                }),
+                Subset::Whole => {}
+            }
+        }
+    }
+    Ok(report)
 }
 
 fn write_report(args: &Args, report: &Report, out: &Path) -> Result<()> {
@@ -685,4 +822,69 @@ fn write_report(args: &Args, report: &Report, out: &Path) -> Result<()> {
         Err(e) => eprintln!("nmt-eval: warning: no plots: {e:#}"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn translation(text: &str, source_tokens: usize) -> Translation {
+        Translation {
+            text: text.into(),
+            source_tokens,
+            output_tokens: 1,
+            outcome: Outcome::Eos,
+            target_length: None,
+            truncated: false,
+        }
+    }
+
+    #[test]
+    fn a_package_that_buckets_otherwise_is_compared_on_the_baselines_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let decoded = Decoded {
+            info: PackageInfo {
+                dir: "p".into(),
+                name: "p".into(),
+                preset: "transformer".into(),
+                execution_provider: "CPU".into(),
+                input_limit: 127,
+                max_output_tokens: 256,
+            },
+            // Its tokenizer puts sentence 1 in `33+`, where the baseline's has it in `1-32`.
+            translations: vec![translation("uno", 10), translation("dos", 40)],
+            reference_subwords: vec![1, 1],
+            seconds: 1.0,
+            concat: Vec::new(),
+        };
+        fs::create_dir_all(dir.path().join("by-length")).unwrap();
+        let edges: BucketEdges = "32".parse().unwrap();
+        let refs = ["a".to_string(), "b".to_string()];
+        let bucket = |label: &str, rows: Vec<usize>| {
+            let stem = format!("by-length/test.{label}");
+            let t = &decoded.translations;
+            let pending = write_subset(dir.path(), &stem, &rows, t, &refs, &[1, 1]).unwrap();
+            (label.to_string(), rows, pending)
+        };
+        let plan = Plan {
+            dir: dir.path().to_path_buf(),
+            overall: write_subset(
+                dir.path(),
+                "test",
+                &[0, 1],
+                &decoded.translations,
+                &refs,
+                &[1, 1],
+            )
+            .unwrap(),
+            buckets: vec![bucket("1-32", vec![0]), bucket("33+", vec![1])],
+            concat: Vec::new(),
+        };
+        assert_eq!(stats::by_bucket(&decoded.translations, &edges).len(), 2);
+        let same = bucket_hypotheses("test", &plan, &decoded, "1-32", &[0]).unwrap();
+        assert_eq!(same, plan.buckets[0].2.hypotheses);
+        let other = bucket_hypotheses("test", &plan, &decoded, "1-32", &[0, 1]).unwrap();
+        assert!(other.ends_with("by-length/test.1-32.baseline-rows.hyp"));
+        assert_eq!(fs::read_to_string(other).unwrap(), "uno\ndos\n");
+    }
 }

@@ -38,11 +38,18 @@ impl Job {
     }
 
     /// sacrebleu's paired bootstrap of `systems` against `baseline` (files with distinct
-    /// paths: sacrebleu drops a system named like the baseline).
-    pub fn paired(reference: &Path, baseline: &Path, systems: &[PathBuf], samples: usize) -> Job {
+    /// paths: sacrebleu drops a system named like the baseline), TER only with `ter` (see
+    /// [`Job::single`]).
+    pub fn paired(
+        reference: &Path,
+        baseline: &Path,
+        systems: &[PathBuf],
+        samples: usize,
+        ter: bool,
+    ) -> Job {
         let mut args = vec![path(reference), "-i".into(), path(baseline)];
         args.extend(systems.iter().map(|s| path(s)));
-        args.extend(common_args(true));
+        args.extend(common_args(ter));
         args.extend(["--paired-bs".into(), "--paired-bs-n".into()]);
         args.push(samples.to_string());
         Job(args)
@@ -216,7 +223,8 @@ pub struct PairedMetric {
 pub struct PairedSystem {
     pub bleu: PairedMetric,
     pub chrf: PairedMetric,
-    pub ter: PairedMetric,
+    /// `None` where TER was not asked for.
+    pub ter: Option<PairedMetric>,
 }
 
 fn paired_metric(system: &Value, prefix: &str) -> Result<PairedMetric> {
@@ -243,7 +251,7 @@ pub fn parse_paired(stdout: &str) -> Result<Vec<PairedSystem>> {
             Ok(PairedSystem {
                 bleu: paired_metric(s, "BLEU")?,
                 chrf: paired_metric(s, "chrF")?,
-                ter: paired_metric(s, "TER")?,
+                ter: paired_metric(s, "TER").ok(),
             })
         })
         .collect()
@@ -283,7 +291,7 @@ mod tests {
             job.command_line(),
             "python3 -m sacrebleu r -i h -m bleu chrf ter -f json -w 2 -q --confidence --confidence-n 100"
         );
-        let paired = Job::paired(Path::new("r"), Path::new("b"), &["s".into()], 10);
+        let paired = Job::paired(Path::new("r"), Path::new("b"), &["s".into()], 10, true);
         assert!(paired
             .command_line()
             .contains("r -i b s -m bleu chrf ter -f"));
@@ -292,6 +300,10 @@ mod tests {
         assert!(paired
             .command_line()
             .ends_with("--paired-bs --paired-bs-n 10"));
+        let paired = Job::paired(Path::new("r"), Path::new("b"), &["s".into()], 10, false);
+        assert!(paired
+            .command_line()
+            .contains("r -i b s -m bleu chrf -f json"));
     }
 
     #[test]
@@ -306,5 +318,8 @@ mod tests {
         assert_eq!(p.len(), 2);
         assert_eq!(p[0].bleu.p_value, None);
         assert_eq!(p[1].chrf.p_value, Some(0.01));
+        assert_eq!(p[1].ter.as_ref().map(|t| t.score), Some(3.5));
+        let without_ter = json.replace("\"TER\"", "\"other\"");
+        assert_eq!(parse_paired(&without_ter).unwrap()[1].ter, None);
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use nmt_server::metrics::{input_length_bucket, INPUT_LENGTH_BUCKETS};
+use nmt_server::metrics::INPUT_LENGTH_BUCKETS;
 use serde::Serialize;
 
 use nmt_translate::engine::{Outcome, Translation};
@@ -25,25 +25,100 @@ pub fn is_looping(text: &str) -> bool {
     })
 }
 
-/// The server's `input_length` buckets (labels in order), so that a score by length lines up
-/// with the latency dashboards.
-pub fn bucket_labels() -> Vec<&'static str> {
-    INPUT_LENGTH_BUCKETS
-        .iter()
-        .map(|(_, label)| *label)
-        .collect()
+/// Source-length buckets: inclusive upper bounds in source subwords (EOS not counted), one
+/// bucket per edge and an open one past the last. The default is the server's
+/// `input_length` buckets, so that a score by length lines up with the latency dashboards.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct BucketEdges(Vec<usize>);
+
+impl Default for BucketEdges {
+    fn default() -> Self {
+        BucketEdges(
+            INPUT_LENGTH_BUCKETS
+                .iter()
+                .map(|(bound, _)| *bound)
+                .filter(|&bound| bound != usize::MAX)
+                .collect(),
+        )
+    }
 }
 
-/// Indices of the sentences in each bucket, in bucket order; empty buckets are left out.
-pub fn by_bucket(translations: &[Translation]) -> Vec<(&'static str, Vec<usize>)> {
-    bucket_labels()
+impl std::str::FromStr for BucketEdges {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if text.trim().is_empty() {
+            return Err("give at least one edge, e.g. `32`".into());
+        }
+        let edges = text
+            .split(',')
+            .map(|e| {
+                let e = e.trim();
+                match e.parse::<usize>() {
+                    Ok(0) => Err("0 is not an edge: the first bucket starts at 1 subword".into()),
+                    Ok(n) => Ok(n),
+                    Err(_) => Err(format!("{e:?} is not a subword count")),
+                }
+            })
+            .collect::<Result<Vec<usize>, String>>()?;
+        if let Some(w) = edges.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(format!(
+                "edges must increase strictly: {} then {}",
+                w[0], w[1]
+            ));
+        }
+        Ok(BucketEdges(edges))
+    }
+}
+
+impl std::fmt::Display for BucketEdges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let edges: Vec<String> = self.0.iter().map(usize::to_string).collect();
+        f.write_str(&edges.join(","))
+    }
+}
+
+impl BucketEdges {
+    pub fn edges(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// Whether these are the server's `input_length` buckets.
+    pub fn are_the_servers(&self) -> bool {
+        *self == BucketEdges::default()
+    }
+
+    /// The labels in order, in the server's style: `1-16`, `17-32`, ..., `513+`.
+    pub fn labels(&self) -> Vec<String> {
+        let mut low = 1;
+        let mut labels = Vec::new();
+        for &edge in &self.0 {
+            labels.push(format!("{low}-{edge}"));
+            low = edge + 1;
+        }
+        labels.push(format!("{low}+"));
+        labels
+    }
+
+    /// The index of the bucket of a text of `tokens` subwords (an empty text is in the first,
+    /// as on the server).
+    pub fn bucket(&self, tokens: usize) -> usize {
+        self.0.partition_point(|&edge| edge < tokens)
+    }
+}
+
+/// Labels and indices of the sentences in each bucket, in bucket order; empty buckets are
+/// left out.
+pub fn by_bucket(translations: &[Translation], edges: &BucketEdges) -> Vec<(String, Vec<usize>)> {
+    let mut rows = vec![Vec::new(); edges.edges().len() + 1];
+    for (i, t) in translations.iter().enumerate() {
+        rows[edges.bucket(t.source_tokens)].push(i);
+    }
+    edges
+        .labels()
         .into_iter()
-        .map(|label| {
-            let rows: Vec<usize> = (0..translations.len())
-                .filter(|&i| input_length_bucket(translations[i].source_tokens) == label)
-                .collect();
-            (label, rows)
-        })
+        .zip(rows)
         .filter(|(_, rows)| !rows.is_empty())
         .collect()
 }
@@ -195,6 +270,7 @@ pub fn mean_variance(values: &[f64]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nmt_server::metrics::input_length_bucket;
 
     fn translation(text: &str, source_tokens: usize, outcome: Outcome) -> Translation {
         Translation {
@@ -220,21 +296,65 @@ mod tests {
     }
 
     #[test]
-    fn buckets_are_the_servers_and_cover_every_sentence_once() {
+    fn default_buckets_are_the_servers_and_cover_every_sentence_once() {
+        let edges = BucketEdges::default();
         assert_eq!(
-            bucket_labels(),
+            edges.labels(),
             ["1-16", "17-32", "33-64", "65-128", "129-256", "257-512", "513+"]
         );
+        assert!(edges.are_the_servers());
+        for tokens in [0, 1, 16, 17, 64, 65, 512, 513, 100_000] {
+            let label = &edges.labels()[edges.bucket(tokens)];
+            assert_eq!(label, input_length_bucket(tokens), "{tokens} subwords");
+        }
         let t: Vec<Translation> = [3, 16, 17, 200, 40, 0]
             .iter()
             .map(|&n| translation("x", n, Outcome::Eos))
             .collect();
-        let buckets = by_bucket(&t);
-        let labels: Vec<&str> = buckets.iter().map(|(l, _)| *l).collect();
+        let buckets = by_bucket(&t, &edges);
+        let labels: Vec<&str> = buckets.iter().map(|(l, _)| l.as_str()).collect();
         assert_eq!(labels, ["1-16", "17-32", "33-64", "129-256"]);
         assert_eq!(buckets[0].1, vec![0, 1, 5]);
         let total: usize = buckets.iter().map(|(_, rows)| rows.len()).sum();
         assert_eq!(total, t.len());
+    }
+
+    #[test]
+    fn bucket_edges_split_at_each_edge_inclusive() {
+        let edges: BucketEdges = "32".parse().unwrap();
+        assert_eq!(edges.labels(), ["1-32", "33+"]);
+        assert_eq!((edges.bucket(32), edges.bucket(33)), (0, 1));
+        assert!(!edges.are_the_servers());
+        let edges: BucketEdges = " 8, 24 ,100".parse().unwrap();
+        assert_eq!(edges.edges(), [8, 24, 100]);
+        assert_eq!(edges.labels(), ["1-8", "9-24", "25-100", "101+"]);
+        assert_eq!(edges.to_string(), "8,24,100");
+        assert_eq!(BucketEdges::default().to_string(), "16,32,64,128,256,512");
+        let t: Vec<Translation> = [101, 5, 30]
+            .iter()
+            .map(|&n| translation("x", n, Outcome::Eos))
+            .collect();
+        let buckets = by_bucket(&t, &edges);
+        assert_eq!(
+            buckets,
+            [
+                ("1-8".to_string(), vec![1]),
+                ("25-100".to_string(), vec![2]),
+                ("101+".to_string(), vec![0])
+            ]
+        );
+    }
+
+    #[test]
+    fn bucket_edges_reject_empty_zero_and_non_increasing() {
+        for bad in [
+            "", " ", "16,", ",16", "0", "0,16", "16,16", "32,16", "x", "-1", "1.5",
+        ] {
+            assert!(bad.parse::<BucketEdges>().is_err(), "{bad:?} was accepted");
+        }
+        let err = "16,8".parse::<BucketEdges>().unwrap_err();
+        assert!(err.contains("16 then 8"), "{err}");
+        assert!("1".parse::<BucketEdges>().is_ok());
     }
 
     #[test]

@@ -214,3 +214,85 @@ fn asked_lengths_are_met_and_scored_against_their_targets() {
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(md.contains("`max_chars` 60, `length_mode` exact"), "{md}");
 }
+
+#[test]
+fn bucket_edges_split_the_scores_and_the_paired_bootstrap_runs_per_bucket() {
+    let out = tempfile::tempdir().unwrap();
+    let package = package();
+    let p = package.to_str().unwrap();
+    let args = [
+        "--package",
+        p,
+        "--package",
+        p,
+        "--baseline",
+        p,
+        "--limit",
+        "12",
+        "--bucket-edges",
+        "32",
+        "--bootstrap-samples",
+        "200",
+    ];
+    let report = eval(out.path(), &args, &[]);
+    assert_eq!(report["decoding"]["bucket_edges"], serde_json::json!([32]));
+    let systems = report["systems"].as_array().unwrap();
+    let baseline = systems.last().unwrap()["label"].clone();
+    assert_eq!(report["paired_bootstrap"]["baseline"], baseline);
+    for system in systems {
+        let buckets = system["by_source_length"].as_array().unwrap();
+        let labels: Vec<&str> = buckets
+            .iter()
+            .map(|b| b["bucket"].as_str().unwrap())
+            .collect();
+        // Daniel 1:1-12 has verses on both sides of 32 subwords.
+        assert_eq!(labels, ["1-32", "33+"], "{buckets:?}");
+        assert!(f64_at(&buckets[0], "/mean_source_subwords") <= 32.0);
+        assert!(f64_at(&buckets[1], "/mean_source_subwords") > 32.0);
+        let total: u64 = buckets
+            .iter()
+            .map(|b| b["sentences"].as_u64().unwrap())
+            .sum();
+        assert_eq!(total, 12);
+    }
+    // One row per bucket and non-baseline system, each with sacrebleu's p-values; the same
+    // package on both sides, so no difference.
+    let buckets = &systems[0]["by_source_length"];
+    let by_bucket = report["paired_bootstrap"]["by_bucket"].as_array().unwrap();
+    let rows: Vec<(&str, &str)> = by_bucket
+        .iter()
+        .map(|r| (r["bucket"].as_str().unwrap(), r["system"].as_str().unwrap()))
+        .collect();
+    let (a, b) = ("en-es-rel-ldpe", "en-es-rel-ldpe-2");
+    assert_eq!(rows, [("1-32", a), ("1-32", b), ("33+", a), ("33+", b)]);
+    for (k, row) in by_bucket.iter().enumerate() {
+        assert_eq!(row["sentences"], buckets[k / 2]["sentences"], "{row}");
+        // The paired bootstrap's scores come unrounded (sacrebleu's `-w 2` rounds the others).
+        let single = f64_at(&buckets[k / 2], "/bleu/score");
+        assert!((f64_at(row, "/bleu") - single).abs() <= 0.005, "{row}");
+        for metric in ["bleu", "chrf"] {
+            let p = f64_at(row, &format!("/{metric}_p"));
+            assert!(p > 0.0 && p <= 1.0, "{row}");
+            assert_eq!(row[format!("{metric}_delta")], 0.0, "{row}");
+            assert_eq!(row[format!("{metric}_significant")], false, "{row}");
+        }
+    }
+    // The long-input set's group sizes get the same comparison: 6 pairs, 3 quadruples, 1 octet.
+    let by_n_verses = report["paired_bootstrap"]["by_n_verses"]
+        .as_array()
+        .unwrap();
+    let groups: Vec<(u64, u64)> = by_n_verses
+        .iter()
+        .map(|r| {
+            (
+                r["n_verses"].as_u64().unwrap(),
+                r["sentences"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(groups, [(2, 6), (2, 6), (4, 3), (4, 3), (8, 1), (8, 1)]);
+    assert!(by_n_verses.iter().all(|r| r["bleu_p"].is_f64()));
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(md.contains("## en-es-rel-ldpe: by source length (subwords, bucket edges 32)"));
+    assert!(md.contains("| 33+ | 8 | en-es-rel-ldpe-2 | "), "{md}");
+}

@@ -118,7 +118,10 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
         decoder_state,
         limits: Limits {
             max_source_tokens,
-            max_target_tokens: args.max_target_tokens,
+            // A learned table also bounds the decoder's positions (BOS is position 0).
+            max_target_tokens: config.position_table().map_or(args.max_target_tokens, |t| {
+                args.max_target_tokens.min(t - 1)
+            }),
         },
         precision: Precision::Float32,
         quantization: serde_json::Value::Null,

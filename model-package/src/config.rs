@@ -146,15 +146,37 @@ pub enum ConfigError {
     VocabTooSmall(usize),
     #[error("dropout ({0}) must be in [0, 1)")]
     Dropout(f32),
-    #[error("unknown preset {0:?}; known presets: {known} (each also as `<name>-tiny`)", known = ModelConfig::PRESETS.join(", "))]
+    #[error("unknown preset {0:?}; known presets: {known} (each also as `<name>-small` and `<name>-tiny`)", known = ModelConfig::PRESETS.join(", "))]
     UnknownPreset(String),
     #[error("invalid combination: {0}")]
     Combination(String),
 }
 
+/// The width a preset's name asks for: `<variant>`, `<variant>-small` or `<variant>-tiny`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PresetSize {
+    Full,
+    Small,
+    Tiny,
+}
+
+impl PresetSize {
+    fn split(name: &str) -> (&str, PresetSize) {
+        if let Some(variant) = name.strip_suffix("-tiny") {
+            (variant, PresetSize::Tiny)
+        } else if let Some(variant) = name.strip_suffix("-small") {
+            (variant, PresetSize::Small)
+        } else {
+            (name, PresetSize::Full)
+        }
+    }
+}
+
 impl ModelConfig {
-    /// The papers' systems. Every one also exists as `<name>-tiny` (d_model 32, 2 heads,
-    /// 2+2 layers, no dropout), which trains in seconds for tests.
+    /// The papers' systems. Every one also exists as `<name>-small` (d_model 128, 4 heads,
+    /// FFN 512, the variant's own layer counts: about a third of the parameters, for studies
+    /// that train many models on this CPU) and as `<name>-tiny` (d_model 32, 2 heads, 2+2
+    /// layers, no dropout), which trains in seconds for tests.
     pub const PRESETS: &'static [&'static str] = &[
         "transformer",
         "transformer-learned",
@@ -183,10 +205,7 @@ impl ModelConfig {
     /// shapes of the CTranslate2 comparison in docs/benchmarks). Relative presets use Shaw et
     /// al.'s clip distance k = 16.
     pub fn preset(name: &str, vocab_size: usize) -> Result<Self, ConfigError> {
-        let (variant, tiny) = match name.strip_suffix("-tiny") {
-            Some(variant) => (variant, true),
-            None => (name, false),
-        };
+        let (variant, size) = PresetSize::split(name);
         let mut config = ModelConfig {
             preset: name.to_string(),
             architecture: Architecture::Transformer,
@@ -264,13 +283,20 @@ impl ModelConfig {
             }
             _ => return Err(ConfigError::UnknownPreset(name.to_string())),
         }
-        if tiny {
-            config.d_model = 32;
-            config.num_heads = 2;
-            config.ffn_dim = 64;
-            config.encoder_layers = 2;
-            config.decoder_layers = 2;
-            config.dropout = 0.0;
+        match size {
+            PresetSize::Full => {}
+            PresetSize::Small => {
+                config.d_model = 128;
+                config.ffn_dim = 512;
+            }
+            PresetSize::Tiny => {
+                config.d_model = 32;
+                config.num_heads = 2;
+                config.ffn_dim = 64;
+                config.encoder_layers = 2;
+                config.decoder_layers = 2;
+                config.dropout = 0.0;
+            }
         }
         if matches!(
             config.recurrent_position,
@@ -290,6 +316,12 @@ impl ModelConfig {
     /// at `max_positions`, and sinusoidal ones are unreliable beyond the training lengths.
     pub fn has_absolute_positions(&self) -> bool {
         self.absolute_position != AbsolutePosition::None
+    }
+
+    /// The positions a learned table holds, when the model has one: no sequence on either
+    /// side may be longer (the graph's lookup would fail mid-decoding).
+    pub fn position_table(&self) -> Option<usize> {
+        (self.absolute_position == AbsolutePosition::Learned).then_some(self.max_positions)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -489,24 +521,29 @@ mod tests {
     }
 
     #[test]
-    fn every_preset_has_a_tiny_twin_and_the_switches_of_its_paper() {
+    fn every_preset_has_small_and_tiny_twins_with_the_switches_of_its_paper() {
+        let switches = |c: &ModelConfig| {
+            (
+                c.relative_attention,
+                c.recurrent_position,
+                c.absolute_position,
+                c.length_encoding,
+                c.architecture,
+            )
+        };
         for name in ModelConfig::PRESETS {
             let full = ModelConfig::preset(name, 8000).unwrap();
+            let small = ModelConfig::preset(&format!("{name}-small"), 8000).unwrap();
             let tiny = ModelConfig::preset(&format!("{name}-tiny"), 8000).unwrap();
-            assert_eq!(
-                (
-                    full.relative_attention,
-                    full.recurrent_position,
-                    full.absolute_position
-                ),
-                (
-                    tiny.relative_attention,
-                    tiny.recurrent_position,
-                    tiny.absolute_position
-                ),
-                "{name}"
-            );
+            assert_eq!(switches(&full), switches(&tiny), "{name}");
+            assert_eq!(switches(&full), switches(&small), "{name}");
             assert_eq!(tiny.d_model, 32);
+            assert_eq!((small.d_model, small.ffn_dim), (128, 512));
+            assert_eq!(
+                (small.encoder_layers, small.decoder_layers),
+                (full.encoder_layers, full.decoder_layers),
+                "{name}: the small twin keeps the variant's depth"
+            );
         }
         let rel = ModelConfig::preset("rel-transformer", 8000).unwrap();
         assert_eq!(rel.relative_attention, RelativeAttention::KeysValues);

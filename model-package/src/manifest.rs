@@ -25,6 +25,8 @@ pub enum ManifestError {
     Config(#[from] ConfigError),
     #[error("package format {found} is not supported (this build reads {FORMAT_VERSION})")]
     FormatVersion { found: u32 },
+    #[error("limits: {0}")]
+    Limits(String),
     #[error("{file}: sha256 {actual} does not match the manifest's {expected}")]
     Checksum {
         file: String,
@@ -77,6 +79,29 @@ pub struct Limits {
     pub max_source_tokens: Option<usize>,
     /// Decoding stops here even without EOS.
     pub max_target_tokens: usize,
+}
+
+impl Limits {
+    /// Refuses limits a learned position table cannot serve: the source (EOS included) must
+    /// fit the table, and so must the decoder's inputs (BOS and every output but the last).
+    pub fn check(&self, config: &ModelConfig) -> Result<(), ManifestError> {
+        let Some(table) = config.position_table() else {
+            return Ok(());
+        };
+        match self.max_source_tokens {
+            None => Err(ManifestError::Limits(format!(
+                "a learned position table of {table} needs max_source_tokens"
+            ))),
+            Some(s) if s > table => Err(ManifestError::Limits(format!(
+                "max_source_tokens {s} exceeds the learned position table ({table})"
+            ))),
+            _ if self.max_target_tokens >= table => Err(ManifestError::Limits(format!(
+                "max_target_tokens {} must be below the learned position table ({table})",
+                self.max_target_tokens
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -197,6 +222,7 @@ impl Manifest {
             });
         }
         manifest.config.validate()?;
+        manifest.limits.check(&manifest.config)?;
         for (file, expected) in &manifest.files {
             let actual = sha256_file(&dir.join(file))?;
             if &actual != expected {
@@ -277,6 +303,26 @@ mod tests {
         std::fs::write(dir.path().join("encoder.onnx"), b"tampered").unwrap();
         let err = Manifest::load(dir.path()).unwrap_err();
         assert!(matches!(err, ManifestError::Checksum { .. }), "{err}");
+    }
+
+    #[test]
+    fn limits_must_fit_a_learned_position_table() {
+        let learned = ModelConfig::preset("transformer-learned-tiny", 50).unwrap();
+        let limits = |source, target| Limits {
+            max_source_tokens: source,
+            max_target_tokens: target,
+        };
+        assert!(limits(Some(512), 511).check(&learned).is_ok());
+        for (bad, why) in [
+            (limits(None, 100), "needs max_source_tokens"),
+            (limits(Some(513), 100), "max_source_tokens 513"),
+            (limits(Some(128), 512), "max_target_tokens 512"),
+        ] {
+            let err = bad.check(&learned).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
+        let sinusoidal = ModelConfig::preset("transformer-tiny", 50).unwrap();
+        assert!(limits(None, 4096).check(&sinusoidal).is_ok());
     }
 
     #[test]

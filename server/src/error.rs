@@ -6,6 +6,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::RefOr;
+use utoipa::ToSchema;
 
 use crate::scheduler::TranslateError;
 
@@ -88,10 +91,50 @@ pub enum ApiError {
 pub struct ErrorType(pub &'static str);
 
 /// The JSON body of every error response.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[schema(as = Error)]
 pub struct ErrorBody {
+    /// What went wrong, naming the limit where one was hit.
     pub error: String,
+    #[schema(schema_with = error_type_schema)]
     pub error_type: String,
+}
+
+/// Every [`ApiError::error_type`], in the order of the variants: what the OpenAPI document
+/// lists (a test checks it against the variants).
+pub const ERROR_TYPES: [&str; 21] = [
+    "invalid_json",
+    "malformed_request",
+    "uri_too_long",
+    "headers_too_large",
+    "invalid_request",
+    "empty_text",
+    "model_not_found",
+    "too_many_texts",
+    "input_too_long",
+    "payload_too_large",
+    "body_timeout",
+    "unsupported_media_type",
+    "not_found",
+    "method_not_allowed",
+    "invalid_target_length",
+    "unsupported",
+    "overloaded",
+    "not_ready",
+    "timeout",
+    "unavailable",
+    "internal",
+];
+
+fn error_type_schema() -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::String))
+        .enum_values(Some(ERROR_TYPES))
+        .description(Some(
+            "Machine-readable type of the error, stable across releases: clients and the \
+             metrics (`nmt_errors_total{type}`) key on it.",
+        ))
+        .into()
 }
 
 impl ApiError {
@@ -262,6 +305,7 @@ mod tests {
     fn every_variant_has_a_distinct_type_and_an_error_status() {
         let all = every_variant();
         let mut types: Vec<_> = all.iter().map(|e| e.error_type()).collect();
+        assert_eq!(types, ERROR_TYPES);
         types.sort();
         types.dedup();
         assert_eq!(types.len(), all.len());

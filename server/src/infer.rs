@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
+use utoipa::ToSchema;
 
 use crate::decode::StopReason;
 use crate::error::ApiError;
 use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
 use crate::metrics::{input_length_bucket, Metrics};
+use crate::openapi;
 use crate::package::TextCodec;
 use crate::scheduler::{Finished, Translator};
 
@@ -48,7 +50,9 @@ pub struct TranslateRequest {
     pub length: LengthRequest,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One text's translation. Fields that do not apply are left out, never `null`.
+// `nullable = false`: utoipa takes an `Option` for `null`, serde here for absent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Translation {
     /// The translated text.
     pub text: String,
@@ -59,22 +63,29 @@ pub struct Translation {
     /// The target length this text was decoded for, in subword tokens; absent for free
     /// decoding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub target_length: Option<usize>,
     /// Where `target_length` came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub length_source: Option<LengthSource>,
     /// The predicted natural length (subwords, unrounded), when a prediction was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub predicted_length: Option<f64>,
-    /// How `target_length` was met.
+    /// How `target_length` was met; absent for free decoding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub length_mode: Option<LengthMode>,
-    /// The output was longer than `max_chars` and was cut at the last word boundary that fits.
+    /// The translation was longer than `max_chars` and was cut at the last word boundary that
+    /// fits.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schema(default = false)]
     pub truncated: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The answer to `POST /translate`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TranslateResponse {
     /// The model that translated.
     pub model: String,
@@ -104,9 +115,11 @@ pub struct Model {
 }
 
 /// One entry of `GET /models`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ModelInfo {
+    /// The model's name, as requests give it in `model`.
     pub name: String,
+    /// Whether requests that name no model get this one.
     pub default: bool,
     pub source_language: String,
     pub target_language: String,
@@ -115,13 +128,19 @@ pub struct ModelInfo {
     /// Whether the decoder plans a translation of a given length (LDPE/LRPE), so that
     /// `length_mode` `soft` can be used.
     pub length_aware: bool,
-    /// What `target_length` `"auto"` uses.
+    /// What `target_length` `"auto"` uses: the package's learned predictor (the linear fit
+    /// for sources too long for it), a linear fit on the source length, or nothing (`"auto"`
+    /// refused unless the model is length-aware, which then uses the source length).
     pub length_prediction: PredictionKind,
-    /// `float32`, or `int8` for a quantized package, whose translations may differ slightly.
+    /// Number format of the model's weights: `int8` packages (`nmt-export quantize`) are
+    /// smaller and faster on CPU, and may translate slightly differently from their `float32`
+    /// original.
+    #[schema(value_type = openapi::PrecisionSchema)]
     pub precision: model_package::Precision,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What `target_length` `"auto"` uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PredictionKind {
     /// The package's learned predictor (with the linear fit for sources too long for it).
@@ -133,28 +152,36 @@ pub enum PredictionKind {
 }
 
 /// How a model knows positions (the preset and its switches).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Variant {
+    /// The named preset the model was configured from.
     pub preset: String,
+    #[schema(value_type = openapi::ArchitectureSchema)]
     pub architecture: model_package::Architecture,
+    #[schema(value_type = openapi::AbsolutePositionSchema)]
     pub absolute_position: model_package::AbsolutePosition,
+    #[schema(value_type = openapi::RelativeAttentionSchema)]
     pub relative_attention: model_package::RelativeAttention,
+    #[schema(value_type = openapi::RecurrentPositionSchema)]
     pub recurrent_position: model_package::RecurrentPosition,
+    #[schema(value_type = openapi::LengthEncodingSchema)]
     pub length_encoding: model_package::LengthEncoding,
 }
 
 /// The limits a request to this model meets.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ModelLimits {
     /// Most subword tokens per input text.
     pub max_input_tokens: usize,
-    /// Whether that limit is the model's own (absolute positions) or the server's.
+    /// Whether that limit is the model's own (`model`: it has absolute positions and declares
+    /// the longest input it can take) or the server's (`--max-input-tokens`).
     pub input_limit_from: LimitSource,
     /// Most subword tokens generated per text.
     pub max_output_tokens: usize,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Whose limit `max_input_tokens` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LimitSource {
     Model,
@@ -626,8 +653,15 @@ impl Infer {
                 }
             }
         }
-        for t in &mut response.translations {
+        for (i, t) in response.translations.iter_mut().enumerate() {
             if let Some(cut) = length::cut_to_chars(&t.text, max_chars) {
+                // The client is told the length of what it gets, not of what was decoded.
+                t.output_tokens = valid
+                    .model
+                    .codec
+                    .encode(&cut)
+                    .map_err(|e| ApiError::Internal(format!("tokenizing the cut text {i}: {e}")))?
+                    .len();
                 t.text = cut;
                 t.truncated = true;
             }

@@ -7,6 +7,7 @@
 
 use model_package::LinearFit;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::decode::DecodeInput;
 use crate::error::ApiError;
@@ -25,7 +26,7 @@ pub enum TargetLength {
 }
 
 /// How a target length is met.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LengthMode {
     /// The length encoding guides a length-aware decoder, which plans a sentence of that
@@ -53,7 +54,7 @@ impl LengthRequest {
 }
 
 /// Where a text's target length came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LengthSource {
     /// The number the request gave.

@@ -13,7 +13,9 @@
 //! - [`infer`]: the service whatever the transport: validation, timeouts, metrics.
 //! - [`length`]: length control (target lengths, modes, `max_chars`) and
 //!   [`predictor`], the package's learned length predictor.
-//! - [`http`]: the JSON API over axum, [`http::app`], and [`web`], the page at `/` to try it.
+//! - [`http`]: the JSON API over axum, [`http::app`], its OpenAPI document generated from the
+//!   handlers' types ([`http::ApiDoc`], with [`openapi`] for the model package's enums), and
+//!   [`web`], the page at `/` to try it.
 //! - [`grpc`]: the gRPC API over tonic (`proto/translate.proto`), [`grpc::serve`].
 //! - [`connections`]: accepting connections under a cap, and the timeouts that keep slow or
 //!   idle clients from holding them.
@@ -36,6 +38,7 @@ pub mod infer;
 pub mod length;
 pub mod metrics;
 pub mod onnx;
+pub mod openapi;
 pub mod package;
 pub mod predictor;
 pub mod request_id;

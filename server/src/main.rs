@@ -23,6 +23,10 @@ fn main() -> std::process::ExitCode {
 
 async fn serve() -> std::process::ExitCode {
     let args = nmt_server::Args::parse();
+    if args.print_openapi {
+        println!("{}", nmt_server::http::openapi_json());
+        return std::process::ExitCode::SUCCESS;
+    }
     nmt_server::server::init_tracing(args.log_format);
     match nmt_server::run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

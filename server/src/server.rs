@@ -32,8 +32,8 @@ pub enum LogFormat {
 /// English -> Spanish translation server: greedy decoding with a KV cache over ONNX Runtime,
 /// continuous batching across requests, Prometheus metrics at /metrics.
 ///
-/// Every flag can also be set by the environment variable named after it (`NMT_` + the flag
-/// in upper snake case, e.g. `NMT_PORT=9000`).
+/// Every flag but `--print-openapi` can also be set by the environment variable named after
+/// it (`NMT_` + the flag in upper snake case, e.g. `NMT_PORT=9000`).
 #[derive(Clone, Debug, Parser)]
 #[command(name = "nmt-server", version, about, long_about)]
 pub struct Args {
@@ -186,6 +186,12 @@ pub struct Args {
     /// sets the levels (default `info`).
     #[arg(long, env = "NMT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Print the OpenAPI document of the HTTP API (what `GET /openapi.json` serves) on
+    /// stdout and exit, without loading a model. A command rather than a setting, so it has
+    /// no environment variable.
+    #[arg(long)]
+    pub print_openapi: bool,
 }
 
 impl Args {
@@ -562,6 +568,8 @@ mod tests {
         assert_eq!(args.port, 0);
         assert_eq!(args.intra_op_threads, 2);
         assert!(Args::try_parse_from(["nmt-server", "--log-format", "xml"]).is_err());
+        assert!(!args.print_openapi);
+        assert!(Args::parse_from(["nmt-server", "--print-openapi"]).print_openapi);
     }
 
     #[test]

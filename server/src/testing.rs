@@ -293,7 +293,33 @@ pub fn shipped_tokenizer() -> Tokenizer {
 
 /// One error of each kind the API has.
 pub fn every_api_error() -> Vec<ApiError> {
-    vec![
+    // A new variant does not compile here until this match names it: the reminder to add it
+    // to the list below too, against which the tests hold `error::ERROR_TYPES` and the
+    // OpenAPI document.
+    let listed = |error: &ApiError| match error {
+        ApiError::InvalidJson(_)
+        | ApiError::MalformedRequest(_)
+        | ApiError::UriTooLong(_)
+        | ApiError::HeadersTooLarge(_)
+        | ApiError::InvalidRequest(_)
+        | ApiError::EmptyText(_)
+        | ApiError::ModelNotFound(_)
+        | ApiError::TooManyTexts(_)
+        | ApiError::InputTooLong(_)
+        | ApiError::PayloadTooLarge(_)
+        | ApiError::BodyTimeout(_)
+        | ApiError::UnsupportedMediaType(_)
+        | ApiError::NotFound(_)
+        | ApiError::MethodNotAllowed(_)
+        | ApiError::InvalidTargetLength(_)
+        | ApiError::Unsupported(_)
+        | ApiError::Overloaded { .. }
+        | ApiError::NotReady(_)
+        | ApiError::Timeout(_)
+        | ApiError::Unavailable(_)
+        | ApiError::Internal(_) => true,
+    };
+    let all = vec![
         ApiError::InvalidJson(String::new()),
         ApiError::MalformedRequest(String::new()),
         ApiError::UriTooLong(String::new()),
@@ -318,7 +344,9 @@ pub fn every_api_error() -> Vec<ApiError> {
         ApiError::Timeout(String::new()),
         ApiError::Unavailable(String::new()),
         ApiError::Internal(String::new()),
-    ]
+    ];
+    debug_assert!(all.iter().all(listed));
+    all
 }
 
 /// Tokenizer matching the copy model's vocabulary (the dev package's `tokenizer.json`).

@@ -624,7 +624,7 @@ fn harness() -> &'static Harness {
         };
         let service = runtime
             .block_on(async { testing::service(vec![shipped, dev], "shipped", limits, scheduler) });
-        let openapi: Value = serde_json::from_str(nmt_server::http::OPENAPI).unwrap();
+        let openapi: Value = serde_json::from_str(nmt_server::http::openapi_json()).unwrap();
         let error_types = openapi["components"]["schemas"]["Error"]["properties"]["error_type"]
             ["enum"]
             .as_array()

@@ -10,9 +10,9 @@ use axum::Router;
 use http_body_util::BodyExt;
 use nmt_server::app;
 use nmt_server::error::ErrorBody;
-use nmt_server::http::{OPENAPI, REQUEST_ID};
+use nmt_server::http::{openapi_json, Models, REQUEST_ID};
 use nmt_server::infer::{Infer, RequestLimits, TranslateResponse, Translation};
-use nmt_server::length::{LengthMode, LengthSource};
+use nmt_server::length::{LengthMode, LengthSource, MAX_CHARS_LIMIT};
 use nmt_server::scheduler::{Batching, SchedulerConfig};
 use nmt_server::testing::{self, CopyBackend};
 use tower::ServiceExt;
@@ -429,6 +429,22 @@ async fn max_chars_is_never_exceeded_and_never_cuts_a_word() {
 }
 
 #[tokio::test]
+async fn a_cut_translation_reports_the_subwords_it_kept() {
+    // Even one subword ("hello", 5 characters) is over 3 characters: the cut leaves nothing,
+    // and the response must not claim the subword that was decoded and dropped.
+    let (status, json) =
+        post(r#"{"text": "hello world", "max_chars": 3, "length_mode": "exact"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    let response: TranslateResponse = serde_json::from_value(json).unwrap();
+    let t = &response.translations[0];
+    assert_eq!(
+        (t.text.as_str(), t.truncated, t.output_tokens),
+        ("", true, 0),
+        "{t:?}"
+    );
+}
+
+#[tokio::test]
 async fn bad_target_lengths_are_422() {
     for (body, expected) in [
         (
@@ -638,9 +654,24 @@ async fn metrics_are_exported_by_model_and_input_length() {
     }
 }
 
+fn openapi() -> serde_json::Value {
+    serde_json::from_str(openapi_json()).unwrap()
+}
+
+/// The schema `schema` stands for: itself, or the component its `$ref` names.
+fn resolve<'a>(doc: &'a serde_json::Value, schema: &'a serde_json::Value) -> &'a serde_json::Value {
+    match schema["$ref"].as_str() {
+        Some(name) => {
+            let name = name.strip_prefix("#/components/schemas/").unwrap();
+            &doc["components"]["schemas"][name]
+        }
+        None => schema,
+    }
+}
+
 #[tokio::test]
 async fn the_openapi_document_describes_every_route_and_error_type() {
-    let doc: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+    let doc = openapi();
     let paths = doc["paths"].as_object().unwrap();
     let app = app(state_with(CopyBackend::default()));
     for (path, methods) in paths {
@@ -676,7 +707,7 @@ async fn the_openapi_document_describes_every_route_and_error_type() {
 
 #[tokio::test]
 async fn the_openapi_schemas_list_every_field_of_the_json_api() {
-    let doc: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+    let doc = openapi();
     let schemas = &doc["components"]["schemas"];
     // serde_json's maps are ordered, so the keys come sorted.
     let keys = |object: &serde_json::Value| -> Vec<String> {
@@ -696,16 +727,7 @@ async fn the_openapi_schemas_list_every_field_of_the_json_api() {
     let (status, _) = send(app.clone(), post_json(request.to_string())).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     // Every field a translation can carry is documented, and nothing more.
-    let full = Translation {
-        text: "hola".into(),
-        source_tokens: 1,
-        output_tokens: 1,
-        target_length: Some(1),
-        length_source: Some(LengthSource::Predictor),
-        predicted_length: Some(1.2),
-        length_mode: Some(LengthMode::Soft),
-        truncated: true,
-    };
+    let full = every_field_set();
     assert_eq!(
         documented(&schemas["Translation"]),
         keys(&serde_json::to_value(&full).unwrap())
@@ -717,7 +739,166 @@ async fn the_openapi_schemas_list_every_field_of_the_json_api() {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     let models: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(
-        documented(&schemas["Models"]["properties"]["models"]["items"]),
+        documented(resolve(
+            &doc,
+            &schemas["Models"]["properties"]["models"]["items"]
+        )),
         keys(&models["models"][0])
     );
+}
+
+#[tokio::test]
+async fn every_json_answer_has_exactly_the_documented_fields_and_the_required_ones_always() {
+    let doc = openapi();
+    let schema = |name: &str| {
+        let schema = &doc["components"]["schemas"][name];
+        assert!(schema.is_object(), "no schema {name}");
+        schema
+    };
+    let keys = |object: &serde_json::Value| -> Vec<String> {
+        let mut keys: Vec<String> = object.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    let strings = |list: &serde_json::Value| -> Vec<String> {
+        let mut list: Vec<String> = list
+            .as_array()
+            .map(|l| l.iter().map(|s| s.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default();
+        list.sort();
+        list
+    };
+    // What a schema documents and requires must be what the answer carries when every field
+    // is set, and when only those always sent are: a field added to a struct without its
+    // schema following, or one made optional on the wire but documented as required (or the
+    // other way round), fails here.
+    let check = |name: &str, full: &serde_json::Value, bare: &serde_json::Value| {
+        let schema = schema(name);
+        assert_eq!(
+            keys(&schema["properties"]),
+            keys(full),
+            "{name}: properties"
+        );
+        assert_eq!(strings(&schema["required"]), keys(bare), "{name}: required");
+    };
+
+    let full = every_field_set();
+    let bare = Translation {
+        target_length: None,
+        length_source: None,
+        predicted_length: None,
+        length_mode: None,
+        truncated: false,
+        ..full.clone()
+    };
+    check("Translation", &json(&full), &json(&bare));
+    let response = TranslateResponse {
+        model: "dev-copy".into(),
+        translations: vec![full],
+    };
+    check("TranslateResponse", &json(&response), &json(&response));
+    let error = ErrorBody {
+        error: "no".into(),
+        error_type: "internal".into(),
+    };
+    check("Error", &json(&error), &json(&error));
+
+    // `GET /models` as served, and its parts.
+    let app = app(state_with(CopyBackend::default()));
+    let request = Request::get("/models").body(Body::empty()).unwrap();
+    let (status, served) = send(app.clone(), request).await;
+    assert_eq!(status, StatusCode::OK);
+    let models: Models = serde_json::from_value(served.clone()).unwrap();
+    assert_eq!(json(&models), served);
+    check("Models", &served, &served);
+    let model = &served["models"][0];
+    check("ModelInfo", model, model);
+    check("Variant", &model["variant"], &model["variant"]);
+    check("ModelLimits", &model["limits"], &model["limits"]);
+
+    // A translation as served, with every length field the copy model fills in.
+    let (status, served) = send(
+        app,
+        post_json(r#"{"text": "hello world", "target_length": 3, "length_mode": "exact"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{served}");
+    let documented = keys(&schema("Translation")["properties"]);
+    for field in keys(&served["translations"][0]) {
+        assert!(documented.contains(&field), "{field} is not documented");
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap()
+}
+
+#[tokio::test]
+async fn the_served_openapi_document_is_the_generated_one_and_agrees_with_the_limits() {
+    let response = app(state_with(CopyBackend::default()))
+        .oneshot(Request::get("/openapi.json").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(bytes, openapi_json().as_bytes());
+
+    let doc = openapi();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let request = &doc["components"]["schemas"]["TranslateRequest"];
+    // utoipa takes a literal there, not the constant.
+    assert_eq!(
+        request["properties"]["max_chars"]["maximum"],
+        MAX_CHARS_LIMIT
+    );
+    let translate = &doc["paths"]["/translate"]["post"];
+    let id = &translate["parameters"][0];
+    assert_eq!(id["name"], REQUEST_ID.as_str());
+    assert_eq!(id["schema"]["maxLength"], nmt_server::request_id::MAX_LEN);
+
+    // Every error status documented is one that some error has, and answers with the error
+    // body (429 and 503 with a Retry-After as well).
+    let statuses: Vec<u16> = testing::every_api_error()
+        .iter()
+        .map(|e| e.status().as_u16())
+        .collect();
+    for (path, methods) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in methods.as_object().unwrap() {
+            for (status, response) in operation["responses"].as_object().unwrap() {
+                let code: u16 = status.parse().unwrap();
+                if code < 400 {
+                    continue;
+                }
+                assert!(statuses.contains(&code), "{method} {path}: {status}");
+                let expected = match code {
+                    429 | 503 => "#/components/responses/Retry",
+                    _ => "#/components/responses/Error",
+                };
+                assert_eq!(response["$ref"], expected, "{method} {path}: {status}");
+            }
+        }
+    }
+    for name in ["Error", "Retry"] {
+        let response = &doc["components"]["responses"][name];
+        assert_eq!(
+            response["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/Error"
+        );
+    }
+    assert!(doc["components"]["responses"]["Retry"]["headers"]["Retry-After"].is_object());
+}
+
+/// A translation with every optional field present.
+fn every_field_set() -> Translation {
+    Translation {
+        text: "hola".into(),
+        source_tokens: 1,
+        output_tokens: 1,
+        target_length: Some(1),
+        length_source: Some(LengthSource::Predictor),
+        predicted_length: Some(1.2),
+        length_mode: Some(LengthMode::Soft),
+        truncated: true,
+    }
 }

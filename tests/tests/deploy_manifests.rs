@@ -7,8 +7,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use common::server_default;
+use common::{binary, server_default};
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -54,9 +55,12 @@ fn deployment_and_service_match_the_server_and_the_image() {
         assert_eq!(container[probe]["httpGet"]["path"], path, "{probe}");
         assert_eq!(container[probe]["httpGet"]["port"], "http", "{probe}");
     }
-    let openapi: Value =
-        serde_json::from_str(&std::fs::read_to_string(repo().join("server/openapi.json")).unwrap())
-            .unwrap();
+    let printed = Command::new(binary("nmt-server"))
+        .arg("--print-openapi")
+        .output()
+        .unwrap();
+    assert!(printed.status.success(), "nmt-server --print-openapi");
+    let openapi: Value = serde_json::from_slice(&printed.stdout).unwrap();
     for path in ["/ready", "/health", "/metrics"] {
         assert!(
             openapi["paths"][path].is_object(),

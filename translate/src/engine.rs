@@ -94,7 +94,12 @@ impl Engine {
         let limits = server_limits()?;
         let model_limit = nmt_server::server::model_input_limit(manifest);
         let input_limit = if options.beyond_input_limit {
-            usize::MAX
+            // Past the training lengths, but never past a learned position table (EOS
+            // takes a position).
+            manifest
+                .config
+                .position_table()
+                .map_or(usize::MAX, |t| t - 1)
         } else {
             limits.input_limit(model_limit).0
         };

@@ -196,7 +196,12 @@ fn training_pairs(all: &[(String, String)], args: &LengthPredictorArgs) -> (Pair
         order.truncate(args.train_limit);
     }
     let pairs = order.iter().map(|&i| all[i].clone()).collect();
-    let joined = crate::train::joined_pairs(all, args.joined_fraction, args.seed);
+    let joined = crate::train::joined_pairs(
+        all,
+        args.joined_fraction,
+        crate::train::DEFAULT_JOINED_MAX_VERSES,
+        args.seed,
+    );
     (pairs, joined)
 }
 

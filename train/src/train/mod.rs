@@ -40,7 +40,8 @@ pub struct TrainArgs {
     /// rel-sinusoidal, rel-absolute, rnn-transformer, rr-transformer, lstm-pe, rpe-head,
     /// mpr-head, rnn-nmt, or a length-aware decoder: ldpe, ldpe-noise2, ldpe-noise4, lrpe,
     /// lrpe-noise2, lrpe-noise4, rel-ldpe (docs/model-package.md, "Variants"); each also as
-    /// `<name>-tiny` (d_model 32, for tests).
+    /// `<name>-small` (d_model 128, for studies of many models) and `<name>-tiny` (d_model 32,
+    /// for tests).
     #[arg(long, default_value = "transformer")]
     pub preset: String,
     /// Run directory: checkpoints go to OUT/last and OUT/best.
@@ -92,17 +93,37 @@ pub struct TrainArgs {
     /// Drop training pairs with a side longer than this many subwords.
     #[arg(long, default_value_t = 128)]
     pub max_len: usize,
+    /// Train only on pairs whose source has at least this many subwords (EOS not counted):
+    /// with `--max-source-len`, a length band of the data, as in Neishi & Yoshinaga's
+    /// experiment of training on the short, middle or long third. The dev loss keeps every
+    /// dev pair.
+    #[arg(long)]
+    #[serde(default)]
+    pub min_source_len: Option<usize>,
+    /// Train only on pairs whose source has at most this many subwords (EOS not counted), to
+    /// test a model on inputs longer than any it saw. Unlike `--max-len`, which bounds both
+    /// sides to bound memory, it filters by the source alone and applies after the joined
+    /// examples are made.
+    #[arg(long)]
+    #[serde(default)]
+    pub max_source_len: Option<usize>,
     /// Use only the first N training pairs (tests, quick experiments).
     #[arg(long)]
     pub train_limit: Option<usize>,
-    /// Add this fraction (of the training pairs) of long examples, each 2 to 4 training
-    /// pairs joined into one (sources and targets joined alike), so the model sees inputs
-    /// longer than one verse. Pairs two lines apart are joined: the corpus alternates its
-    /// two English versions, so these are consecutive verses of one version. Raise
-    /// `--max-len` with it, or the joined pairs are dropped.
+    /// Add this fraction (of the training pairs) of long examples, each 2 to
+    /// `--joined-max-verses` training pairs joined into one (sources and targets joined
+    /// alike), so the model sees inputs longer than one verse. Pairs two lines apart are
+    /// joined: the corpus alternates its two English versions, so these are consecutive
+    /// verses of one version. Raise `--max-len` with it, or the joined pairs are dropped.
     #[arg(long, default_value_t = 0.0)]
     #[serde(default)]
     pub joined_fraction: f64,
+    /// The most training pairs one long example joins (at least 2); the count is uniform
+    /// in 2..=this. Inputs longer than any seen in training are where a model loses its
+    /// place in the source, so this should reach the longest inputs it will be asked.
+    #[arg(long, default_value_t = DEFAULT_JOINED_MAX_VERSES, value_parser = clap::value_parser!(u32).range(2..))]
+    #[serde(default = "default_joined_max_verses")]
+    pub joined_max_verses: u32,
     /// Start a new run (fresh optimizer, step 0) from the weights of this checkpoint
     /// directory instead of random ones: fine-tuning with other data or a decoder that reads
     /// the same weights differently (e.g. `rel-transformer` weights into `rel-ldpe`, whose
@@ -121,6 +142,14 @@ pub struct TrainArgs {
     pub quiet: bool,
 }
 
+impl TrainArgs {
+    /// Whether a source of `subwords` (EOS not counted) is within the training band.
+    pub fn keeps_source_length(&self, subwords: usize) -> bool {
+        self.min_source_len.is_none_or(|min| subwords >= min)
+            && self.max_source_len.is_none_or(|max| subwords <= max)
+    }
+}
+
 /// What a finished run reports.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TrainReport {
@@ -137,14 +166,26 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `round(fraction * n)` long pairs, each 2 to 4 of `pairs` two lines apart joined with a
-/// space, drawn from `seed` (the same on every resume).
-pub fn joined_pairs(pairs: &[(String, String)], fraction: f64, seed: u64) -> Vec<(String, String)> {
+/// What runs before `--joined-max-verses` existed joined.
+pub const DEFAULT_JOINED_MAX_VERSES: u32 = 4;
+
+fn default_joined_max_verses() -> u32 {
+    DEFAULT_JOINED_MAX_VERSES
+}
+
+/// `round(fraction * n)` long pairs, each 2 to `max_verses` of `pairs` two lines apart joined
+/// with a space, drawn from `seed` (the same on every resume).
+pub fn joined_pairs(
+    pairs: &[(String, String)],
+    fraction: f64,
+    max_verses: u32,
+    seed: u64,
+) -> Vec<(String, String)> {
     let count = (fraction * pairs.len() as f64).round() as usize;
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x6A09_E667_F3BC_C908);
     (0..count)
         .filter_map(|_| {
-            let parts = rng.gen_range(2..=4usize);
+            let parts = rng.gen_range(2..=max_verses.max(2) as usize);
             let span = 2 * (parts - 1);
             if pairs.len() <= span {
                 return None;
@@ -316,14 +357,25 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
     if let Some(limit) = args.train_limit {
         train_pairs.truncate(limit);
     }
-    let joined = joined_pairs(&train_pairs, args.joined_fraction, args.seed);
+    let joined = joined_pairs(
+        &train_pairs,
+        args.joined_fraction,
+        args.joined_max_verses,
+        args.seed,
+    );
     train_pairs.extend(joined);
     let mut dev_pairs = crate::corpus::read_parallel(&args.corpus, "dev")?;
     dev_pairs.truncate(args.dev_limit);
-    let train_set = encode_pairs(&tokenizer, &train_pairs, args.max_len)?;
+    let mut train_set = encode_pairs(&tokenizer, &train_pairs, args.max_len)?;
+    train_set.retain(|e| args.keeps_source_length(e.source.len() - 1));
     let dev_set = encode_pairs(&tokenizer, &dev_pairs, args.max_len)?;
     if train_set.is_empty() {
-        bail!("no training pairs within --max-len {}", args.max_len);
+        bail!(
+            "no training pairs within --max-len {} and the source-length band {:?}..={:?}",
+            args.max_len,
+            args.min_source_len,
+            args.max_source_len
+        );
     }
 
     let last_dir = args.out.join("last");
@@ -530,9 +582,9 @@ mod tests {
         let pairs: Vec<(String, String)> = (0..40)
             .map(|i| (format!("e{i}"), format!("s{i}")))
             .collect();
-        let joined = joined_pairs(&pairs, 0.5, 7);
+        let joined = joined_pairs(&pairs, 0.5, 4, 7);
         assert_eq!(joined.len(), 20);
-        assert_eq!(joined, joined_pairs(&pairs, 0.5, 7), "seeded");
+        assert_eq!(joined, joined_pairs(&pairs, 0.5, 4, 7), "seeded");
         for (en, es) in &joined {
             let en: Vec<usize> = en.split(' ').map(|w| w[1..].parse().unwrap()).collect();
             let es: Vec<usize> = es.split(' ').map(|w| w[1..].parse().unwrap()).collect();
@@ -540,7 +592,12 @@ mod tests {
             assert!((2..=4).contains(&en.len()), "{en:?}");
             assert!(en.windows(2).all(|w| w[1] == w[0] + 2), "{en:?}");
         }
-        assert!(joined_pairs(&pairs, 0.0, 7).is_empty());
+        assert!(joined_pairs(&pairs, 0.0, 4, 7).is_empty());
+        let longest = joined_pairs(&pairs, 0.5, 8, 7)
+            .iter()
+            .map(|(en, _)| en.split(' ').count())
+            .max();
+        assert_eq!(longest, Some(8), "--joined-max-verses reaches its bound");
     }
 
     #[test]
@@ -555,5 +612,24 @@ mod tests {
         for name in ModelConfig::PRESETS {
             assert!(help.contains(name), "--preset help lacks {name}: {help}");
         }
+    }
+
+    #[test]
+    fn the_source_length_band_keeps_what_it_names() {
+        use clap::FromArgMatches;
+        let parse = |flags: &[&str]| {
+            let command = TrainArgs::augment_args(clap::Command::new("train"));
+            let matches = command
+                .try_get_matches_from(["train", "--out", "x"].iter().chain(flags))
+                .unwrap();
+            TrainArgs::from_arg_matches(&matches).unwrap()
+        };
+        let all = parse(&[]);
+        assert!(all.keeps_source_length(1) && all.keeps_source_length(500));
+        let short = parse(&["--max-source-len", "32"]);
+        assert!(short.keeps_source_length(32) && !short.keeps_source_length(33));
+        let middle = parse(&["--min-source-len", "20", "--max-source-len", "40"]);
+        let kept: Vec<usize> = (0..60).filter(|&n| middle.keeps_source_length(n)).collect();
+        assert_eq!(kept, (20..=40).collect::<Vec<_>>());
     }
 }

@@ -1,0 +1,478 @@
+#!/usr/bin/env python3
+"""Helpers of scripts/position-study.sh.
+
+  position_study.py terciles TOKENIZER SOURCE_FILE
+      prints the two source-length terciles (subwords, no EOS) of SOURCE_FILE.
+  position_study.py report STUDY_DIR DOC --cap N --terciles T1 T2 --steps N --models ...
+      writes the study's Markdown from the nmt-eval reports and training reports.
+
+Only the standard library, but for `terciles`, which tokenizes with the `tokenizers`
+package (the same library as the Rust tokenizer the trainer and the server use).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+
+def report(args):
+    study, doc = args.dir, args.doc
+    t1, t2 = args.terciles
+    path = lambda name: os.path.join(study, name)
+    ev_all = Eval(path("eval-all")) if os.path.exists(path("eval-all/report.json")) else None
+    ev_short = Eval(path("eval-short")) if os.path.exists(path("eval-short/report.json")) else None
+    runs = [f"{m}.{c}" for m in args.models for c in ("all", "short")]
+    runs += [f"{m}.third{i}" for m in args.thirds_models for i in (1, 2, 3)]
+    lines = [
+        "# Positions beyond the training lengths: the papers' findings on our corpus",
+        "",
+        f"Written by `scripts/position-study.sh` (commit {commit()}, {cpu_model()}). Every model: "
+        f"the `-{args.size}` twin of its preset ({SIZES[args.size]}; `docs/model-package.md`), "
+        f"trained for the same {args.steps} optimizer steps of at most 3,000 padded tokens "
+        f"(learning rate 1e-3, 400 warm-up steps, one core each, two at a time; "
+        f"{seen_tokens(study)}), then exported and evaluated through the server's engine by "
+        f"`nmt-eval` (greedy, sacrebleu 13a, inputs beyond a model's input limit decoded "
+        f"rather than refused). Size and budget are what this 2-core CPU affords for "
+        f"{len(runs)} models: the papers train d_model 512 models for 200k-300k steps on "
+        f"millions of pairs, so our absolute BLEU is lower and the comparison is between our "
+        f"models, not with the papers' scores.",
+        "",
+        f"(a) trains on every training pair (sources up to 107 subwords; the test books reach "
+        f"the 65+ bucket); (b) only on pairs whose source has at most {args.cap} subwords, as "
+        f"Rosendahl et al. cap at 75 a test set that reaches beyond 100. The long-input set "
+        f"joins 2, 4 and 8 consecutive test verses (about 75, 150 and 300 subwords).",
+        "",
+    ]
+    if ev_all:
+        section_all(ev_all, args.models, lines)
+        rel = copy_plot(study, "eval-all", doc, "bleu-by-length-all")
+        if rel:
+            lines += [f"![BLEU by source length, trained on all pairs]({rel})", ""]
+    if ev_short:
+        section_short(ev_short, ev_all, args.models, args.cap, lines)
+        rel = copy_plot(study, "eval-short", doc, "bleu-by-length-short")
+        if rel:
+            lines += [f"![BLEU by source length, trained on sources of at most {args.cap} subwords]({rel})", ""]
+    section_thirds(study, args.thirds_models, t1, t2, lines)
+    findings(ev_all, ev_short, study, args.cap, lines)
+    lines += [
+        "## Training cost",
+        "",
+        "| run | parameters | steps | training pairs | minutes | target tokens/s | dev loss |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += training_rows(study, runs)
+    lines += [
+        "",
+        f"Minutes are each run's own training time on one core, with another run on the other "
+        f"core. Reports: `{study}/eval-*/report.md` (per-bucket paired bootstrap tables, "
+        f"chrF, looping and length figures).",
+        "",
+    ]
+    os.makedirs(os.path.dirname(doc) or ".", exist_ok=True)
+    with open(doc, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+def terciles(args):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(args.tokenizer)
+    with open(args.source, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    lengths = sorted(len(tokenizer.encode(line, add_special_tokens=False).ids) for line in lines)
+    n = len(lengths)
+    print(lengths[n // 3], lengths[2 * n // 3])
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+SIGNIFICANCE = 0.05
+
+# What the papers report, for the write-up's comparison (BLEU).
+PAPERS = {
+    "rosendahl_t2": "Rosendahl et al. (2019), Table 2, De-En, trained on sources of at most 75 "
+    "subwords: absolute 31.2 (51-75) -> 25.9 (76-100) -> 15.3 (>100); relative 31.5 -> 29.6 -> 27.2",
+    "rosendahl_t2_in": "Rosendahl et al. (2019), Table 2: absolute and relative within 0.4 BLEU in "
+    "every bucket seen in training (31.7 vs 31.7, 32.0 vs 31.9, 31.2 vs 31.5 at cap 75)",
+    "rosendahl_t3": "Rosendahl et al. (2019), Table 3 (consecutive sentences joined): at >100 "
+    "subwords absolute 20.1 vs relative 24.5 (cap 100), 14.9 vs 24.2 (cap 75)",
+    "rosendahl_lstm": "Rosendahl et al. (2019), Table 2, cap 100: at >100 subwords absolute 21.5, "
+    "LSTM 25.5, relative 29.3",
+    "neishi_t3": "Neishi & Yoshinaga (2019), Table 3, ASPEC / WMT14: RNN-NMT 36.67 / 19.95, "
+    "Transformer 38.44 / 21.00, Rel 39.58 / 22.51, RNN-Transformer 39.17 / 22.35, RR 40.34 / 23.01",
+    "neishi_53": "Neishi & Yoshinaga (2019), section 5.3 (figure only): the Transformer is the "
+    "worst Transformer variant on sentences longer than its training third, for every third; "
+    "Rel-Transformer is competitive everywhere",
+    "neishi_learned": "Neishi & Yoshinaga (2019), footnote 1: sinusoidal positions did better than "
+    "learned ones beyond the training lengths",
+}
+
+SIZES = {
+    "small": "d_model 128, 4 heads, FFN 512, the variant's own depth",
+    "tiny": "d_model 32, 2 heads, FFN 64, 2+2 layers: a pipeline check, not a result",
+}
+
+NAMES = {
+    "transformer": "Transformer (sinusoidal)",
+    "transformer-learned": "Transformer (learned absolute)",
+    "rel-transformer": "Rel-Transformer (Shaw, k=16)",
+    "rnn-transformer": "RNN-Transformer (GRU positions)",
+    "rr-transformer": "RR-Transformer (GRU + Shaw)",
+    "lstm-pe": "LSTM positions",
+    "rpe-head": "RPEHead (Chen et al.)",
+    "mpr-head": "MPRHead (Chen et al.)",
+    "rnn-nmt": "RNN-NMT (LSTM)",
+}
+
+
+class Eval:
+    """One nmt-eval report: systems by label, per-bucket rows, concat rows, paired tests."""
+
+    def __init__(self, path):
+        self.path = path
+        self.data = load(os.path.join(path, "report.json"))
+        self.systems = {s["label"]: s for s in self.data["systems"]}
+        paired = self.data.get("paired_bootstrap") or {}
+        self.baseline = paired.get("baseline")
+        self.paired_bucket = {(p["system"], p["bucket"]): p for p in paired.get("by_bucket", [])}
+        self.paired_concat = {(p["system"], p["n_verses"]): p for p in paired.get("by_n_verses", [])}
+        self.paired_overall = {p["label"]: p for p in paired.get("systems", [])}
+
+    def label(self, run):
+        """The system label of a run (nmt-eval labels packages by their manifest name)."""
+        if run in self.systems:
+            return run
+        raise KeyError(f"{run} not in {self.path}: {sorted(self.systems)}")
+
+    def buckets(self):
+        first = next(iter(self.systems.values()))
+        return [b["bucket"] for b in first["by_source_length"]]
+
+    def bleu(self, run, bucket=None):
+        s = self.systems[self.label(run)]
+        if bucket is None:
+            return s["overall"]["bleu"]["score"]
+        for b in s["by_source_length"]:
+            if b["bucket"] == bucket:
+                return b["bleu"]["score"]
+        return None
+
+    def sentences(self, bucket):
+        first = next(iter(self.systems.values()))
+        for b in first["by_source_length"]:
+            if b["bucket"] == bucket:
+                return b["sentences"]
+        return 0
+
+    def concat(self, run, n):
+        for c in self.systems[self.label(run)]["concat"]:
+            if c["n_verses"] == n:
+                return c
+        return None
+
+    # p-values against the baseline, or None when there is none or the scores are equal
+    # (sacrebleu's p is then 1/(samples+1), which is no evidence of a difference).
+    def joined(self, run, n):
+        """BLEU of `n` verses translated as one input."""
+        c = self.concat(run, n) if run in self.systems else None
+        return None if c is None else c["concat"]["bleu"]["score"]
+
+    def p_bucket(self, run, bucket):
+        p = self.paired_bucket.get((run, bucket))
+        return None if p is None or p["bleu_delta"] == 0 else p["bleu_p"]
+
+    def p_concat(self, run, n):
+        p = self.paired_concat.get((run, n))
+        return None if p is None or p["bleu_delta"] == 0 else p["bleu_p"]
+
+    def p_overall(self, run):
+        p = self.paired_overall.get(run)
+        if p is None or p["bleu"]["delta"] == 0:
+            return None
+        return p["bleu"].get("p_value")
+
+
+def fmt(x, digits=2):
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def mark(value, p):
+    """A score with a dagger when its paired test against the baseline has p < 0.05."""
+    if value is None:
+        return "–"
+    return f"{value:.2f}" + (" †" if p is not None and p < SIGNIFICANCE else "")
+
+
+def drop(a, b):
+    return None if a is None or b is None else b - a
+
+
+def verdict(delta, p, expect_positive=True):
+    """held / not held / inconclusive, from a difference and its bootstrap p-value."""
+    if delta is None:
+        return "not measured"
+    agrees = delta > 0 if expect_positive else delta < 0
+    if p is not None and p < SIGNIFICANCE:
+        return "**held**" if agrees else "**did not hold** (significant in the other direction)"
+    return "inconclusive (same direction, p ≥ 0.05)" if agrees else "**did not hold** (no significant difference)"
+
+
+def seen_tokens(study):
+    """How much data the budget is, from the Transformer's run on all pairs."""
+    path = os.path.join(study, "runs", "transformer.all", "report.json")
+    if not os.path.exists(path):
+        return "budget not yet spent"
+    st = load(path)["state"]
+    return (
+        f"{st['target_tokens_seen'] / 1e6:.1f}M target tokens, into epoch {st['epoch'] + 1} "
+        f"of the {st['train_pairs']:,} training pairs"
+    )
+
+
+def training_rows(study, runs):
+    rows = []
+    for run in runs:
+        path = os.path.join(study, "runs", run, "report.json")
+        if not os.path.exists(path):
+            continue
+        r = load(path)
+        st = r["state"]
+        rows.append(
+            f"| {run} | {r['parameters']:,} | {st['step']} | {st['train_pairs']:,} | "
+            f"{st['train_seconds'] / 60:.1f} | {r['target_tokens_per_second']:.0f} | "
+            f"{fmt(st.get('last_dev_loss'), 3)} |"
+        )
+    return rows
+
+
+def copy_plot(study, eval_name, doc, stem):
+    src = os.path.join(study, eval_name, "bleu_by_length.png")
+    if not os.path.exists(src):
+        return None
+    folder = os.path.join(os.path.dirname(doc), "position-study")
+    os.makedirs(folder, exist_ok=True)
+    dst = os.path.join(folder, f"{stem}.png")
+    shutil.copyfile(src, dst)
+    return os.path.relpath(dst, os.path.dirname(doc))
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def commit():
+    try:
+        import subprocess
+
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def concat_cells(ev, run):
+    """Joined BLEU and its change against the same verses one by one, per group size."""
+    cells = []
+    for n in (2, 4, 8):
+        c = ev.concat(run, n)
+        if c is None:
+            cells.append("–")
+            continue
+        joined, alone = c["concat"]["bleu"]["score"], c["one_by_one"]["bleu"]["score"]
+        rel = f" ({100 * (joined - alone) / alone:+.0f}%)" if alone else ""
+        cells.append(mark(joined, ev.p_concat(run, n)) + rel)
+    return cells
+
+
+def section_all(ev, models, lines):
+    buckets = ev.buckets()
+    lines += [
+        "## (a) Trained on all pairs",
+        "",
+        "BLEU on the test books by source length (subwords), and on the long-input set: "
+        "verses joined into one input, with the change against the same verses translated one "
+        "by one and joined. † : different from the Transformer (sinusoidal) at p < 0.05 "
+        "(sacrebleu paired bootstrap, per bucket / per group size).",
+        "",
+        "| model | all | " + " | ".join(f"{b} ({ev.sentences(b)})" for b in buckets)
+        + " | 2 verses | 4 verses | 8 verses | looping (8 verses) |",
+        "| --- | ---: | " + " | ".join("---:" for _ in buckets) + " | ---: | ---: | ---: | ---: |",
+    ]
+    for m in models:
+        run = f"{m}.all"
+        if run not in ev.systems:
+            continue
+        cells = [mark(ev.bleu(run), ev.p_overall(run))]
+        cells += [mark(ev.bleu(run, b), ev.p_bucket(run, b)) for b in buckets]
+        cells += concat_cells(ev, run)
+        c8 = ev.concat(run, 8)
+        cells.append("–" if c8 is None else f"{100 * c8['concat']['looping_share']:.0f}%")
+        lines.append(f"| {NAMES.get(m, m)} | " + " | ".join(cells) + " |")
+    lines.append("")
+
+
+def section_short(ev, ev_all, models, cap, lines):
+    buckets = ev.buckets()
+    inside, beyond = buckets[0], buckets[1:]
+    lines += [
+        f"## (b) Trained on sources of at most {cap} subwords",
+        "",
+        f"`{inside}` is the range seen in training; the other buckets and every joined input lie "
+        "beyond it. Change: BLEU beyond minus BLEU inside. Trained on all: the same model's "
+        "BLEU in that bucket when trained on every pair. † as above.",
+        "",
+        "| model | " + " | ".join(f"{b} ({ev.sentences(b)})" for b in buckets)
+        + " | change to " + beyond[-1] + " | trained on all, " + beyond[-1]
+        + " | 2 verses | 4 verses | 8 verses |",
+        "| --- | " + " | ".join("---:" for _ in buckets) + " | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for m in models:
+        run = f"{m}.short"
+        if run not in ev.systems:
+            continue
+        cells = [mark(ev.bleu(run, b), ev.p_bucket(run, b)) for b in buckets]
+        cells.append(fmt(drop(ev.bleu(run, inside), ev.bleu(run, beyond[-1]))))
+        cells.append(fmt(ev_all.bleu(f"{m}.all", beyond[-1]) if ev_all and f"{m}.all" in ev_all.systems else None))
+        cells += concat_cells(ev, run)
+        lines.append(f"| {NAMES.get(m, m)} | " + " | ".join(cells) + " |")
+    lines.append("")
+
+
+def section_thirds(study, thirds_models, t1, t2, lines):
+    lines += [
+        "## Neishi & Yoshinaga, section 5.3: trained on one third of the data by length",
+        "",
+        f"The training pairs split at the source-length terciles ({t1} and {t2} subwords); the "
+        "test books split at the same lengths. BLEU; the diagonal is the range each model "
+        "saw in training.",
+        "",
+    ]
+    header = None
+    for m in thirds_models:
+        path = os.path.join(study, f"eval-thirds-{m}")
+        if not os.path.exists(os.path.join(path, "report.json")):
+            continue
+        ev = Eval(path)
+        buckets = ev.buckets()
+        if header is None:
+            header = buckets
+            lines.append("| model | trained on | " + " | ".join(f"test {b} ({ev.sentences(b)})" for b in buckets) + " | all |")
+            lines.append("| --- | --- | " + " | ".join("---:" for _ in buckets) + " | ---: |")
+        names = {f"{m}.third1": f"1-{t1}", f"{m}.third2": f"{t1 + 1}-{t2}", f"{m}.third3": f"{t2 + 1}+", f"{m}.all": "all"}
+        for run, trained in names.items():
+            if run in ev.systems:
+                cells = [fmt(ev.bleu(run, b)) for b in buckets] + [fmt(ev.bleu(run))]
+                lines.append(f"| {NAMES.get(m, m)} | {trained} | " + " | ".join(cells) + " |")
+    lines.append("")
+
+
+def findings(ev_all, ev_short, study, cap, lines):
+    """Each of the papers' claims, tested on our numbers."""
+    lines += ["## Which findings held", ""]
+    out = []
+    if ev_short:
+        b = ev_short.buckets()
+        inside, last = b[0], b[-1]
+        t_in, t_out = ev_short.bleu("transformer.short", inside), ev_short.bleu("transformer.short", last)
+        r_in, r_out = ev_short.bleu("rel-transformer.short", inside), ev_short.bleu("rel-transformer.short", last)
+        gap_out = drop(t_out, r_out)
+        out.append(
+            f"1. **Relative positions keep their quality beyond the training lengths; absolute ones "
+            f"do not.** Trained on sources ≤ {cap}: Transformer {fmt(t_in)} ({inside}) → {fmt(t_out)} "
+            f"({last}); Rel-Transformer {fmt(r_in)} → {fmt(r_out)}; Rel minus Transformer at {last}: "
+            f"{fmt(gap_out)} (p = {fmt(ev_short.p_bucket('rel-transformer.short', last), 3)}). "
+            f"Paper: {PAPERS['rosendahl_t2']}. Verdict: "
+            f"{verdict(gap_out, ev_short.p_bucket('rel-transformer.short', last))}."
+        )
+        d_in = drop(t_in, r_in)
+        p_in = ev_short.p_bucket("rel-transformer.short", inside)
+        same = "held" if p_in is None or p_in >= SIGNIFICANCE else "**did not hold**"
+        out.append(
+            f"2. **Within the training lengths the two are equal.** Rel minus Transformer at {inside}: "
+            f"{fmt(d_in)} (p = {fmt(p_in, 3)}). Paper: {PAPERS['rosendahl_t2_in']}. Verdict: {same}."
+        )
+        c8 = drop(ev_short.joined("transformer.short", 8), ev_short.joined("rel-transformer.short", 8))
+        out.append(
+            f"3. **On joined inputs far beyond the training lengths, relative beats absolute.** "
+            f"8 verses joined, trained on ≤ {cap}: Rel minus Transformer {fmt(c8)} "
+            f"(p = {fmt(ev_short.p_concat('rel-transformer.short', 8), 3)}). Paper: {PAPERS['rosendahl_t3']}. "
+            f"Verdict: {verdict(c8, ev_short.p_concat('rel-transformer.short', 8))}."
+        )
+        l_out = ev_short.bleu("transformer-learned.short", last)
+        dl = drop(l_out, t_out)
+        out.append(
+            f"4. **Sinusoidal beats learned absolute positions beyond the training lengths.** At {last}, "
+            f"trained on ≤ {cap}: sinusoidal minus learned {fmt(dl)}. Paper: {PAPERS['neishi_learned']}. "
+            f"Verdict: {verdict(dl, ev_short.p_bucket('transformer-learned.short', last), expect_positive=True) if dl is not None else 'not measured'}"
+            " (the p-value is the learned model's against the sinusoidal one)."
+        )
+        lstm = ev_short.bleu("lstm-pe.short", last)
+        between = None if lstm is None or t_out is None or r_out is None else (min(t_out, r_out) <= lstm <= max(t_out, r_out))
+        out.append(
+            f"5. **LSTM positions fall between absolute and relative beyond the training lengths.** "
+            f"At {last}: Transformer {fmt(t_out)}, LSTM positions {fmt(lstm)}, Rel-Transformer {fmt(r_out)}. "
+            f"Paper: {PAPERS['rosendahl_lstm']}. Verdict: "
+            f"{'not measured' if between is None else ('held' if between else '**did not hold**')}."
+        )
+        g_out = ev_short.bleu("rnn-transformer.short", last)
+        dg = drop(t_out, g_out)
+        out.append(
+            f"6. **GRU positions (RNN-Transformer) beat the Transformer beyond the training lengths.** "
+            f"At {last}: {fmt(dg)} (p = {fmt(ev_short.p_bucket('rnn-transformer.short', last), 3)}). "
+            f"Paper: Neishi & Yoshinaga, Fig. 3 (figure only). Verdict: "
+            f"{verdict(dg, ev_short.p_bucket('rnn-transformer.short', last))}."
+        )
+    if ev_all:
+        order = ["rnn-nmt", "transformer", "rel-transformer", "rnn-transformer", "rr-transformer"]
+        scores = {m: ev_all.bleu(f"{m}.all") for m in order if f"{m}.all" in ev_all.systems}
+        parts = ", ".join(f"{NAMES.get(m, m)} {fmt(v)}" for m, v in scores.items())
+        beats = [m for m in ("rel-transformer", "rnn-transformer", "rr-transformer")
+                 if m in scores and ev_all.p_overall(f"{m}.all") is not None
+                 and ev_all.p_overall(f"{m}.all") < SIGNIFICANCE and scores[m] > scores.get("transformer", 0)]
+        out.append(
+            f"7. **On all the data, every relative/recurrent variant beats the Transformer, and "
+            f"RR-Transformer is best.** Ours: {parts}; significantly above the Transformer: "
+            f"{', '.join(beats) or 'none'}. Paper: {PAPERS['neishi_t3']}. Verdict: "
+            f"{'held' if len(beats) == 3 and max(scores, key=scores.get) == 'rr-transformer' else 'partly or not (see the numbers)'}."
+        )
+    lines += out + [""]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("terciles", help="source-length terciles of a file")
+    t.add_argument("tokenizer")
+    t.add_argument("source")
+    r = sub.add_parser("report", help="write the study's Markdown")
+    r.add_argument("dir")
+    r.add_argument("doc")
+    r.add_argument("--cap", type=int, required=True)
+    r.add_argument("--terciles", type=int, nargs=2, required=True)
+    r.add_argument("--steps", type=int, required=True)
+    r.add_argument("--size", choices=sorted(SIZES), default="small")
+    r.add_argument("--models", nargs="+", required=True)
+    r.add_argument("--thirds-models", nargs="+", required=True)
+    args = parser.parse_args()
+    if args.command == "terciles":
+        terciles(args)
+    else:
+        report(args)
+
+
+if __name__ == "__main__":
+    main()
