@@ -3,13 +3,14 @@
 # the nmt-eval reports under runs/length-study/): a baseline package without length
 # encodings and a length-aware package, on the test books, with the length from the
 # predictor, from the source and from the reference (BLEU, LR, VAR); soft and exact modes;
-# the subtitle case (0.8 x the reference, and max_chars 42); examples of one verse at three
-# lengths.
+# the subtitle case (0.8 x the reference, and max_chars 42); soft mode's pull toward the asked
+# length (nmt-server --length-pull) swept; examples of one verse at three lengths.
 #
 #   scripts/length-study.sh BASELINE_PACKAGE LENGTH_AWARE_PACKAGE [NMT_EVAL_FLAGS...]
 #
 # e.g. scripts/length-study.sh runs/pkg/rel-transformer models/en-es-rel-ldpe --limit 50
-# (LENGTH_STUDY_OUT sets the folder of the nmt-eval reports.)
+# (LENGTH_STUDY_OUT sets the folder of the nmt-eval reports; LENGTH_STUDY_NOTE, a note printed
+# under the title.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { sed -n 2,12p "$0"; exit 2; }
@@ -32,6 +33,7 @@ run() { # NAME PACKAGE FLAGS...
   "$eval_bin" --package "$package" --no-concat --out "$out/$name" "$@" "${EXTRA[@]}" >&2
 }
 EXTRA=("$@")
+PULLS="0 1 2 4 8"
 
 run baseline.free "$baseline"
 run baseline.reference.exact "$baseline" --target-length reference --length-mode exact
@@ -44,6 +46,11 @@ run aware.reference.exact "$aware" --target-length reference --length-mode exact
 run aware.subtitle "$aware" --target-length reference --reference-length-scale 0.8
 run aware.longer "$aware" --target-length reference --reference-length-scale 1.2
 run aware.chars42 "$aware" --max-chars 42
+# Soft mode's pull toward the asked length (nmt-server --length-pull), swept.
+for pull in $PULLS; do
+  NMT_LENGTH_PULL=$pull run "aware.reference.pull$pull" "$aware" --target-length reference
+  NMT_LENGTH_PULL=$pull run "aware.subtitle.pull$pull" "$aware" --target-length reference --reference-length-scale 0.8
+done
 
-python3 scripts/length_study.py "$out" "$baseline" "$aware" > docs/length-control.md
+python3 scripts/length_study.py "$out" "$baseline" "$aware" $PULLS > docs/length-control.md
 echo "length-study: wrote docs/length-control.md" >&2

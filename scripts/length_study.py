@@ -1,10 +1,12 @@
 """Collates the nmt-eval reports of scripts/length-study.sh into Markdown (stdout)."""
 
 import json
+import os
 import pathlib
 import sys
 
 out, baseline, aware = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+pulls = sys.argv[4:]
 
 
 def report(name):
@@ -43,6 +45,9 @@ def row(label, name):
 
 first = report("baseline.free")
 print("# Length control, measured\n")
+note = os.environ.get("LENGTH_STUDY_NOTE")
+if note:
+    print("> " + note + "\n")
 print(
     "Written by `scripts/length-study.sh` (nmt-eval through the server's engine and length "
     "rules, greedy decoding, the test books unless a `--limit` was given: "
@@ -84,6 +89,22 @@ for label, name in [
     ("length-aware, `max_chars` 42 (soft)", "aware.chars42"),
 ]:
     print(row(label, name))
+
+if pulls:
+    print("\n## Soft mode's pull toward the asked length\n")
+    print(
+        "`nmt-server --length-pull P` (`NMT_LENGTH_PULL`): in soft mode, for a length the request "
+        "asked for (a number, `source`, `max_chars`; never a predicted length), P logits per "
+        "subword are taken from EOS for every subword short of the length minus one, and given "
+        "to it for every subword past the length plus one. The length encoding still plans the "
+        "sentence; the pull trades sentence endings (punct.) and BLEU for precision (VAR, ±1, ±2). "
+        "The rows above use the server's default.\n"
+    )
+    print(header)
+    for pull in pulls:
+        print(row(f"length-aware, reference (soft), pull {pull}", f"aware.reference.pull{pull}"))
+    for pull in pulls:
+        print(row(f"length-aware, 0.8 × reference (soft), pull {pull}", f"aware.subtitle.pull{pull}"))
 
 sources = pathlib.Path(first["set"]["source"]).read_text().split("\n")
 references = pathlib.Path(first["set"]["reference"]).read_text().split("\n")

@@ -183,7 +183,7 @@ fn teacher_forced_argmax(
             .unwrap();
         for (row, f) in fed.iter().enumerate() {
             if step <= f.len() {
-                argmax[row].push(nmt_server::decode::argmax_except(logits.row(row), None));
+                argmax[row].push(nmt_server::logits::argmax_except(logits.row(row), None));
             }
         }
     }

@@ -6,9 +6,8 @@
 //! budget and leaves the batch before the next step, so a short sentence batched with a long
 //! one costs nothing once it is done, and a new sentence does not wait for the long one.
 
-use ndarray::ArrayView1;
-
 use crate::backend::{Backend, BackendError};
+use crate::logits::EosRule;
 
 /// The token ids the loop itself needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,12 +17,12 @@ pub struct SpecialIds {
 }
 
 /// One sentence to translate.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DecodeInput {
     /// Source token ids, EOS included, no padding.
     pub source_ids: Vec<i64>,
-    /// EOS is not allowed before this many tokens (a length constraint); 0 for free decoding.
-    pub min_output_tokens: usize,
+    /// What a length constraint does to the EOS score ([`EosRule`]).
+    pub eos: EosRule,
     /// At most this many tokens are generated (EOS not counted); 0 generates nothing.
     pub max_output_tokens: usize,
     /// The length a length-aware decoder plans for (its LDPE/LRPE input); other models
@@ -36,7 +35,7 @@ impl DecodeInput {
     pub fn new(source_ids: Vec<i64>, max_output_tokens: usize) -> Self {
         DecodeInput {
             source_ids,
-            min_output_tokens: 0,
+            eos: EosRule::Free,
             max_output_tokens,
             target_length: None,
         }
@@ -66,7 +65,7 @@ pub struct DecodeOutput {
 struct Sequence<T> {
     tag: T,
     ids: Vec<u32>,
-    min_tokens: usize,
+    eos: EosRule,
     max_tokens: usize,
     /// Fed to the decoder's `target_lengths` (0 without a target length).
     target_length: i64,
@@ -157,7 +156,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
                 Row::Live(Sequence {
                     tag,
                     ids: Vec::with_capacity(input.max_output_tokens),
-                    min_tokens: input.min_output_tokens.min(input.max_output_tokens),
+                    eos: input.eos,
                     max_tokens: input.max_output_tokens,
                     target_length: input.target_length.unwrap_or(0) as i64,
                 })
@@ -215,8 +214,9 @@ impl<B: Backend, T> RunningBatch<B, T> {
         let mut finished = Vec::new();
         for (r, row) in self.rows.iter_mut().enumerate() {
             let Row::Live(sequence) = row else { continue };
-            let banned = (sequence.ids.len() < sequence.min_tokens).then_some(special.eos);
-            let next = argmax_except(logits.row(r), banned);
+            let next = sequence
+                .eos
+                .choose(logits.row(r), special.eos, sequence.ids.len());
             let stop = if next == special.eos {
                 Some(StopReason::Eos)
             } else {
@@ -334,24 +334,10 @@ pub fn greedy_decode<B: Backend>(
         .collect())
 }
 
-/// Index of the largest logit other than `banned`; NaNs never win (an all-NaN row gives 0).
-pub fn argmax_except(logits: ArrayView1<'_, f32>, banned: Option<u32>) -> u32 {
-    let mut best = 0usize;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_value && banned != Some(i as u32) {
-            best = i;
-            best_value = v;
-        }
-    }
-    best as u32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{CopyBackend, SPECIAL};
-    use ndarray::array;
 
     fn input(words: &[i64], max: usize) -> DecodeInput {
         let mut source_ids = words.to_vec();
@@ -502,21 +488,12 @@ mod tests {
     fn a_minimum_length_bans_eos_until_it_is_reached() {
         let mut backend = CopyBackend::default();
         let mut constrained = input(&[4, 5], 5);
-        constrained.min_output_tokens = 5;
+        constrained.eos = EosRule::BanUntil(5);
         let out = greedy_decode(&mut backend, SPECIAL, &[constrained]).unwrap();
         // EOS is the copy model's choice after two words; banned, it takes the next best.
         assert_eq!(out[0].ids.len(), 5);
         assert_eq!(&out[0].ids[..2], &[4, 5]);
         assert!(!out[0].ids.contains(&SPECIAL.eos));
         assert_eq!(out[0].stop, StopReason::MaxLength);
-    }
-
-    #[test]
-    fn argmax_ignores_nan_and_prefers_the_first_maximum() {
-        let argmax = |v: ndarray::Array1<f32>| argmax_except(v.view(), None);
-        assert_eq!(argmax(array![0.0, 3.0, f32::NAN, 3.0]), 1);
-        assert_eq!(argmax(array![f32::NAN, f32::NAN]), 0);
-        assert_eq!(argmax(array![-5.0, -1.0]), 1);
-        assert_eq!(argmax_except(array![-5.0, -1.0].view(), Some(1)), 0);
     }
 }

@@ -37,6 +37,10 @@ pub struct RequestLimits {
     /// Without a target length, a text stops after `ratio * source_tokens + offset` tokens.
     pub max_length_ratio: f64,
     pub max_length_offset: usize,
+    /// Soft length mode's pull of EOS toward the target length, in logits per subword of
+    /// distance beyond ±1 ([`crate::logits::EosRule::Pull`]); 0 leaves the ending to the
+    /// length encoding alone.
+    pub length_pull: f32,
     /// From arrival to answer; longer gives 504 and the request leaves the batch.
     pub request_timeout: Duration,
 }
@@ -764,6 +768,7 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_length_ratio: 1.5,
             max_length_offset: 10,
+            length_pull: crate::length::DEFAULT_LENGTH_PULL,
             request_timeout: Duration::from_secs(30),
         }
     }

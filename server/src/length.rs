@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 use crate::decode::DecodeInput;
 use crate::error::ApiError;
 use crate::infer::RequestLimits;
+use crate::logits::EosRule;
 use crate::predictor::{LengthPredictor, PredictorError};
 
 /// The length a request asks for.
@@ -290,6 +291,29 @@ pub fn needs_prediction(request: &LengthRequest, length: &LengthModel) -> bool {
         }
 }
 
+/// `--length-pull`'s default, measured on the test books with the reference length
+/// (`docs/length-control.md`): the variance of output minus asked length falls from 9.9 to
+/// 5.7 and 97% of outputs still end in punctuation; stronger pulls cut more sentences short.
+pub const DEFAULT_LENGTH_PULL: f32 = 2.0;
+
+/// Soft mode's EOS rule. Only a length someone asked for is pulled toward: a predicted
+/// length is a guess at the natural one, and pulling toward a guess costs quality.
+fn soft_rule(target: usize, source: Option<LengthSource>, pull: f32) -> EosRule {
+    let asked = matches!(
+        source,
+        Some(LengthSource::Request | LengthSource::Source | LengthSource::MaxChars)
+    );
+    if asked && pull > 0.0 {
+        EosRule::Pull {
+            target,
+            tolerance: 1,
+            per_token: pull,
+        }
+    } else {
+        EosRule::Free
+    }
+}
+
 /// Decoder input for a text of `source_tokens` subwords under `plan`: the rule every
 /// transport and `nmt-eval` share.
 pub fn decode_input(
@@ -305,12 +329,12 @@ pub fn decode_input(
     let Some(n) = plan.target else {
         return DecodeInput::new(source_ids, free_budget);
     };
-    let (min_output_tokens, max_output_tokens) = match mode {
-        LengthMode::Exact => (n, n),
+    let (eos, max_output_tokens) = match mode {
+        LengthMode::Exact => (EosRule::BanUntil(n), n),
         // The decoder plans the length itself; the budget only stops a runaway row, with
         // room for the planned length plus some slack.
         LengthMode::Soft => (
-            0,
+            soft_rule(n, plan.source, limits.length_pull),
             free_budget
                 .max(n + limits.max_length_offset)
                 .min(max_output),
@@ -318,7 +342,7 @@ pub fn decode_input(
     };
     DecodeInput {
         source_ids,
-        min_output_tokens,
+        eos,
         max_output_tokens,
         target_length: length_aware.then_some(n),
     }
@@ -377,6 +401,7 @@ mod tests {
             max_body_bytes: 1 << 16,
             max_length_ratio: 1.5,
             max_length_offset: 10,
+            length_pull: crate::length::DEFAULT_LENGTH_PULL,
             request_timeout: Duration::from_secs(5),
         }
     }
@@ -509,22 +534,59 @@ mod tests {
         };
         let exact = decode_input(vec![5, 2], 1, &plan, LengthMode::Exact, true, &limits, 64);
         assert_eq!(
-            (
-                exact.min_output_tokens,
-                exact.max_output_tokens,
-                exact.target_length
-            ),
-            (6, 6, Some(6))
+            (exact.eos, exact.max_output_tokens, exact.target_length),
+            (EosRule::BanUntil(6), 6, Some(6))
         );
         // ceil(1.5 * 1) + 10 = 12 free; 6 + 10 = 16 for the plan.
         let soft = decode_input(vec![5, 2], 1, &plan, LengthMode::Soft, true, &limits, 64);
         assert_eq!(
+            (soft.eos, soft.max_output_tokens, soft.target_length),
             (
-                soft.min_output_tokens,
-                soft.max_output_tokens,
-                soft.target_length
-            ),
-            (0, 16, Some(6))
+                EosRule::Pull {
+                    target: 6,
+                    tolerance: 1,
+                    per_token: DEFAULT_LENGTH_PULL
+                },
+                16,
+                Some(6)
+            )
+        );
+        let unpulled = RequestLimits {
+            length_pull: 0.0,
+            ..limits.clone()
+        };
+        let soft = decode_input(vec![5, 2], 1, &plan, LengthMode::Soft, true, &unpulled, 64);
+        assert_eq!(soft.eos, EosRule::Free);
+        let pulled = RequestLimits {
+            length_pull: 0.5,
+            ..limits.clone()
+        };
+        let soft = decode_input(vec![5, 2], 1, &plan, LengthMode::Soft, true, &pulled, 64);
+        assert_eq!(
+            soft.eos,
+            EosRule::Pull {
+                target: 6,
+                tolerance: 1,
+                per_token: 0.5
+            }
+        );
+        let predicted = LengthPlan {
+            source: Some(LengthSource::Predictor),
+            ..plan
+        };
+        let natural = decode_input(
+            vec![5, 2],
+            1,
+            &predicted,
+            LengthMode::Soft,
+            true,
+            &pulled,
+            64,
+        );
+        assert_eq!(
+            natural.eos,
+            EosRule::Free,
+            "a prediction is not pulled toward"
         );
         let plain = decode_input(vec![5, 2], 1, &plan, LengthMode::Exact, false, &limits, 64);
         assert_eq!(plain.target_length, None);
@@ -537,7 +599,7 @@ mod tests {
             &limits,
             64,
         );
-        assert_eq!((free.min_output_tokens, free.max_output_tokens), (0, 12));
+        assert_eq!((free.eos, free.max_output_tokens), (EosRule::Free, 12));
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod grpc;
 pub mod http;
 pub mod infer;
 pub mod length;
+pub mod logits;
 pub mod metrics;
 pub mod onnx;
 pub mod openapi;

@@ -172,6 +172,14 @@ pub struct Args {
     #[arg(long, env = "NMT_MAX_LENGTH_OFFSET", default_value_t = 10)]
     pub max_length_offset: usize,
 
+    /// Soft length mode (`"length_mode": "soft"`, the default for a target length): how
+    /// hard the end of the translation is pulled toward the asked length, in logits per
+    /// subword of distance beyond ±1 of it. The length encoding plans the sentence; the pull
+    /// only discourages ending well before the target and encourages ending once well past
+    /// it, so the model still picks where, at a sentence end. 0 turns it off.
+    #[arg(long, env = "NMT_LENGTH_PULL", default_value_t = crate::length::DEFAULT_LENGTH_PULL)]
+    pub length_pull: f32,
+
     /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C; then the server
     /// exits anyway.
     #[arg(long, env = "NMT_SHUTDOWN_GRACE", default_value_t = 30.0)]
@@ -211,6 +219,7 @@ impl Args {
             max_body_bytes: self.max_body_bytes,
             max_length_ratio: self.max_length_ratio,
             max_length_offset: self.max_length_offset,
+            length_pull: self.length_pull,
             request_timeout: Args::seconds(self.request_timeout, "request-timeout")?,
         })
     }

@@ -613,6 +613,7 @@ fn harness() -> &'static Harness {
             max_body_bytes: 4096,
             max_length_ratio: 2.0,
             max_length_offset: 10,
+            length_pull: nmt_server::length::DEFAULT_LENGTH_PULL,
             request_timeout: Duration::from_secs(60),
         };
         let scheduler = SchedulerConfig {

@@ -25,6 +25,7 @@ fn limits() -> RequestLimits {
         max_body_bytes: 256,
         max_length_ratio: 2.0,
         max_length_offset: 10,
+        length_pull: nmt_server::length::DEFAULT_LENGTH_PULL,
         request_timeout: Duration::from_secs(10),
     }
 }

@@ -134,7 +134,7 @@ fn first_step_runs_from_empty_state() {
     let next: Vec<i64> = logits
         .rows()
         .into_iter()
-        .map(|r| i64::from(nmt_server::decode::argmax_except(r, None)))
+        .map(|r| i64::from(nmt_server::logits::argmax_except(r, None)))
         .collect();
     let logits = backend.step(&mut rows, &next, &[1, 1], &[0, 0]).unwrap();
     assert!(

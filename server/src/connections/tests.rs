@@ -25,6 +25,7 @@ fn infer(step_delay: Duration) -> Infer {
         max_body_bytes: 256,
         max_length_ratio: 2.0,
         max_length_offset: 10,
+        length_pull: crate::length::DEFAULT_LENGTH_PULL,
         request_timeout: LONG,
     };
     let scheduler = SchedulerConfig {

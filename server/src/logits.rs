@@ -1,0 +1,143 @@
+//! What a length constraint does to a row's scores before the greedy choice, kept apart from
+//! the decode loop (CTranslate2's logits processors): the loop asks a row's [`EosRule`] for
+//! the next token and never looks at lengths itself.
+
+use ndarray::ArrayView1;
+
+/// How a row's end-of-sentence score is treated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EosRule {
+    /// The model decides when to stop.
+    Free,
+    /// EOS is banned until this many tokens are out (exact mode; the decode loop's budget
+    /// stops the row at the same length).
+    BanUntil(usize),
+    /// Soft mode: the length encoding plans `target` tokens, and EOS is pulled toward it:
+    /// `per_token` is subtracted from the EOS logit for every token short of
+    /// `target - tolerance`, and added for every token past `target + tolerance`. Within the
+    /// tolerance, and wherever the model is sure, the model still picks its own ending (a
+    /// sentence end rather than a cut), which is what separates soft from exact.
+    Pull {
+        target: usize,
+        tolerance: usize,
+        per_token: f32,
+    },
+}
+
+impl EosRule {
+    /// The next token of a row that has produced `produced` tokens (EOS not counted).
+    pub fn choose(&self, logits: ArrayView1<'_, f32>, eos: u32, produced: usize) -> u32 {
+        match *self {
+            EosRule::Free => argmax_except(logits, None),
+            EosRule::BanUntil(min) => argmax_except(logits, (produced < min).then_some(eos)),
+            EosRule::Pull {
+                target,
+                tolerance,
+                per_token,
+            } => {
+                let short = target.saturating_sub(tolerance).saturating_sub(produced);
+                let over = produced.saturating_sub(target + tolerance);
+                let bias = per_token * (over as f32 - short as f32);
+                argmax_with_bias(logits, eos, bias)
+            }
+        }
+    }
+}
+
+/// Index of the largest logit other than `banned`; NaNs never win (an all-NaN row gives 0).
+pub fn argmax_except(logits: ArrayView1<'_, f32>, banned: Option<u32>) -> u32 {
+    let mut best = 0usize;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_value && banned != Some(i as u32) {
+            best = i;
+            best_value = v;
+        }
+    }
+    best as u32
+}
+
+/// Index of the largest logit once `bias` is added to token `biased`'s.
+fn argmax_with_bias(logits: ArrayView1<'_, f32>, biased: u32, bias: f32) -> u32 {
+    let best = argmax_except(logits, Some(biased));
+    let Some(&v) = logits.get(biased as usize) else {
+        return best;
+    };
+    let boosted = v + bias;
+    let rival = logits[best as usize];
+    // A tie goes to the model's other choice; NaN never wins.
+    if boosted > rival || (rival.is_nan() && !boosted.is_nan()) {
+        biased
+    } else {
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    const EOS: u32 = 2;
+
+    #[test]
+    fn argmax_ignores_nan_and_prefers_the_first_maximum() {
+        assert_eq!(
+            argmax_except(array![1.0, f32::NAN, 3.0, 3.0].view(), None),
+            2
+        );
+        assert_eq!(argmax_except(array![-5.0, -1.0].view(), None), 1);
+        assert_eq!(argmax_except(array![-5.0, -1.0].view(), Some(1)), 0);
+        assert_eq!(argmax_except(array![1.0, 5.0, 3.0].view(), Some(1)), 2);
+        assert_eq!(argmax_except(array![f32::NAN, f32::NAN].view(), None), 0);
+    }
+
+    #[test]
+    fn a_ban_holds_until_the_minimum() {
+        let logits = array![0.0, 1.0, 9.0];
+        assert_eq!(EosRule::BanUntil(3).choose(logits.view(), EOS, 2), 1);
+        assert_eq!(EosRule::BanUntil(3).choose(logits.view(), EOS, 3), EOS);
+        assert_eq!(EosRule::Free.choose(logits.view(), EOS, 0), EOS);
+    }
+
+    #[test]
+    fn the_pull_grows_with_the_distance_beyond_the_tolerance() {
+        let pull = EosRule::Pull {
+            target: 10,
+            tolerance: 1,
+            per_token: 1.0,
+        };
+        // EOS one logit ahead: taken within the tolerance, refused two short of it.
+        let eager = array![0.0, 1.0, 2.0];
+        assert_eq!(pull.choose(eager.view(), EOS, 9), EOS);
+        assert_eq!(
+            pull.choose(eager.view(), EOS, 7),
+            1,
+            "2 short of 9: EOS at 0.0"
+        );
+        assert_eq!(
+            pull.choose(eager.view(), EOS, 8),
+            1,
+            "1 short: EOS at 1.0 ties, and loses"
+        );
+        // EOS two logits behind: refused at the target, taken three past the tolerance.
+        let reluctant = array![0.0, 3.0, 1.0];
+        assert_eq!(pull.choose(reluctant.view(), EOS, 11), 1);
+        assert_eq!(
+            pull.choose(reluctant.view(), EOS, 13),
+            1,
+            "bias 2: ties, the first wins"
+        );
+        assert_eq!(pull.choose(reluctant.view(), EOS, 14), EOS);
+    }
+
+    #[test]
+    fn a_nan_eos_never_wins_a_pull() {
+        let pull = EosRule::Pull {
+            target: 0,
+            tolerance: 0,
+            per_token: 100.0,
+        };
+        assert_eq!(pull.choose(array![0.0, 1.0, f32::NAN].view(), EOS, 5), 1);
+    }
+}
