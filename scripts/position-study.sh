@@ -12,7 +12,10 @@
 #   STUDY_STEPS  optimizer steps per model, the same for every model (default 1500)
 #   STUDY_CAP    source subwords of the short-only training data, (b) (default 32)
 #   STUDY_JOBS   models trained at once, one core each (default 2)
-#   STUDY_DOC    the write-up (default docs/experiments/position-study.md)
+#   STUDY_DOC    the write-up (default docs/experiments/position-study.md; Oka et al.'s table
+#                of length encodings goes beside it, length-encodings.md)
+#   STUDY_PREDICTOR_FROM  the package whose length predictor the LDPE/LRPE packages get
+#                (default models/en-es-rel-ldpe)
 # --quick: tiny models, 40 steps, 60 test verses: checks the pipeline in minutes, writes to
 # runs/position-study-quick and its own doc there, never to docs/.
 set -euo pipefail
@@ -40,6 +43,12 @@ jobs=${STUDY_JOBS:-2}
 # baseline; the Transformer (sinusoidal) is the baseline of every paired bootstrap.
 MODELS=(transformer transformer-learned rel-transformer rnn-transformer rr-transformer lstm-pe rpe-head rnn-nmt)
 THIRDS_MODELS=(transformer rel-transformer)
+# Oka et al.'s table, at the same size and budget: the Transformer (above) against its decoder
+# with LDPE or LRPE, trained with length noise 0, [-2, 2] and [-4, 4]; written to
+# docs/experiments/length-encodings.md. Their "auto" length comes from the shipped package's
+# BERT predictor, copied into each package (it reads only the source text).
+LENGTH_MODELS=(ldpe ldpe-noise2 ldpe-noise4 lrpe lrpe-noise2 lrpe-noise4)
+PREDICTOR_FROM=${STUDY_PREDICTOR_FROM:-models/en-es-rel-ldpe}
 
 bash scripts/setup.sh >&2
 source scripts/env.sh
@@ -61,6 +70,9 @@ runs_list() {
   for m in "${MODELS[@]}"; do
     echo "$m.all $m-$size"
     echo "$m.short $m-$size --max-source-len $cap"
+  done
+  for m in "${LENGTH_MODELS[@]}"; do
+    echo "$m.all $m-$size"
   done
   for m in "${THIRDS_MODELS[@]}"; do
     echo "$m.third1 $m-$size --max-source-len $t1"
@@ -101,18 +113,21 @@ for name in $(runs_list | cut -d' ' -f1); do
   rm -rf "$pkg"
   $bin/nmt-export --checkpoint "$dir/runs/$name/last" --tokenizer data/tokenizer.json \
     --name "$name" --out "$pkg" >&2
+  case " ${LENGTH_MODELS[*]} " in
+    *" ${name%.all} "*) $bin/nmt-export length-predictor --package "$pkg" --from-package "$PREDICTOR_FROM" >&2 ;;
+  esac
 done
 
-evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES...
+evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]
   local out=$1 edges=$2 concat=$3
   shift 3
   local packages=()
-  for p in "$@"; do packages+=(--package "$dir/pkg/$p"); done
+  while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do packages+=(--package "$dir/pkg/$1"); shift; done
   local concat_flag=()
   [ "$concat" = no ] && concat_flag=(--no-concat)
   echo "position-study: evaluating $out" >&2
   $bin/nmt-eval "${packages[@]}" --split test --beyond-input-limit --bucket-edges "$edges" \
-    "${concat_flag[@]}" "${eval_flags[@]}" --out "$dir/$out" >&2
+    "${concat_flag[@]}" "${eval_flags[@]}" "$@" --out "$dir/$out" >&2
 }
 
 all=() short=()
@@ -122,6 +137,14 @@ evaluate eval-short "$cap,64" yes "${short[@]}"
 for m in "${THIRDS_MODELS[@]}"; do
   evaluate "eval-thirds-$m" "$t1,$t2" no "$m.third1" "$m.third2" "$m.third3" "$m.all"
 done
+
+aware=()
+for m in "${LENGTH_MODELS[@]}"; do aware+=("$m.all"); done
+for from in auto source reference; do
+  evaluate "eval-length-$from" 16,32,64 no "${aware[@]}" --target-length "$from"
+done
+python3 scripts/position_study.py length-encodings "$dir" "${STUDY_LENGTH_DOC:-$(dirname "$doc")/length-encodings.md}" \
+  --steps "$steps" --size "$size" --models "${LENGTH_MODELS[@]}"
 
 python3 scripts/position_study.py report "$dir" "$doc" --cap "$cap" --terciles "$t1" "$t2" \
   --steps "$steps" --size "$size" --models "${MODELS[@]}" --thirds-models "${THIRDS_MODELS[@]}"

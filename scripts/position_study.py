@@ -76,6 +76,74 @@ def report(args):
         f.write("\n".join(lines))
 
 
+def length_encodings(args):
+    """Oka et al.'s table: BLEU, LR and VAR with the length from the predictor, the source
+    and the reference, for the Transformer and each LDPE/LRPE decoder."""
+    study, doc = args.dir, args.doc
+    ev_all = os.path.join(study, "eval-all", "report.json")
+    evals = {
+        src: os.path.join(study, f"eval-length-{src}", "report.json")
+        for src in ("auto", "source", "reference")
+    }
+    if not all(os.path.exists(p) for p in [ev_all, *evals.values()]):
+        print(f"position_study: {doc} not written: evaluations missing", file=sys.stderr)
+        return
+    base = {s["label"]: s for s in load(ev_all)["systems"]}
+    by_src = {src: {s["label"]: s for s in load(p)["systems"]} for src, p in evals.items()}
+
+    def cells(system, control=False):
+        if system is None:
+            return ["–"] * (6 if control else 3)
+        o = system["overall"]
+        out = [f"{o['bleu']['score']:.2f}", f"{o['length_ratio']:.3f}", f"{o['subword_diff_variance']:.1f}"]
+        if control:
+            lc = o.get("length_control") or {}
+            out += [
+                f"{100 * lc['within_1_share']:.1f}%" if lc else "–",
+                f"{100 * lc['within_2_share']:.1f}%" if lc else "–",
+                f"{100 * o['ends_in_punctuation_share']:.1f}%",
+            ]
+        return out
+
+    lines = [
+        "# Length encodings: Oka et al.'s table on our corpus",
+        "",
+        f"Written by `scripts/position-study.sh` (commit {commit()}, {cpu_model()}), with the "
+        f"models of `docs/experiments/position-study.md`: `-{args.size}` presets "
+        f"({SIZES[args.size]}), {args.steps} steps each on all training pairs. The decoder's "
+        "positions are replaced by LDPE (length-difference) or LRPE (length-ratio), trained "
+        "with the reference length plus uniform noise in [-n, n]; the length then comes from "
+        "the BERT length predictor (`auto`, the shipped package's predictor), the source "
+        "length, or the reference (an oracle), in soft mode with the server's defaults. BLEU: "
+        "sacrebleu 13a; LR: output/reference length (words); VAR: variance of output minus "
+        "reference subwords (Oka et al.'s VAR). The Transformer decodes freely.",
+        "",
+        "| model | predictor: BLEU | LR | VAR | source: BLEU | LR | VAR | reference: BLEU | LR | VAR | ±1 | ±2 | punct. |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| Transformer (free decoding) | " + " | ".join(cells(base.get("transformer.all")))
+        + " | – | – | – | – | – | – | – | – | – |",
+    ]
+    for m in args.models:
+        run = f"{m}.all"
+        row = cells(by_src["auto"].get(run)) + cells(by_src["source"].get(run))
+        row += cells(by_src["reference"].get(run), control=True)
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "Oka et al. (ASPEC En-Ja, VAR (LR)): Transformer 29.51 (0.916); with the predicted "
+        "length LDPE 19.91 (0.938), LRPE 21.71 (0.929), LDPE [-2,2] 20.11 (0.927), LDPE [-4,4] "
+        "21.15 (0.921), LRPE [-2,2] 23.87 (0.911), LRPE [-4,4] 25.12 (0.911); with the source "
+        "length 71.83, 59.65, 55.85, 48.25, 35.18, 28.06; with the reference 0, 1.497, 2.411, "
+        "6.429, 7.502, 12.506. (Their poster prints the two encodings' names swapped against "
+        "their formulas, so which formula each of their rows used is not recoverable; they are listed by name.)",
+        "",
+        f"Reports: `{study}/eval-length-*/report.md`.",
+        "",
+    ]
+    with open(doc, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
 def terciles(args):
     from tokenizers import Tokenizer
 
@@ -467,9 +535,17 @@ def main():
     r.add_argument("--size", choices=sorted(SIZES), default="small")
     r.add_argument("--models", nargs="+", required=True)
     r.add_argument("--thirds-models", nargs="+", required=True)
+    le = sub.add_parser("length-encodings", help="write Oka et al.'s table of length encodings")
+    le.add_argument("dir")
+    le.add_argument("doc")
+    le.add_argument("--steps", type=int, required=True)
+    le.add_argument("--size", choices=sorted(SIZES), default="small")
+    le.add_argument("--models", nargs="+", required=True)
     args = parser.parse_args()
     if args.command == "terciles":
         terciles(args)
+    elif args.command == "length-encodings":
+        length_encodings(args)
     else:
         report(args)
 

@@ -41,13 +41,18 @@ pub struct LengthPredictorExportArgs {
     pub package: PathBuf,
     /// Run directory of `nmt-train length-predictor` (head.safetensors,
     /// length_predictor.json).
-    #[arg(long)]
-    pub predictor: PathBuf,
+    #[arg(long, required_unless_present = "from_package", requires = "bert_dir")]
+    pub predictor: Option<PathBuf>,
     /// The BERT checkpoint directory the head was trained on: its model.safetensors and
     /// tokenizer.json are copied unchanged into the package (checked against the hashes the
     /// training run recorded).
-    #[arg(long)]
-    pub bert_dir: PathBuf,
+    #[arg(long, requires = "predictor")]
+    pub bert_dir: Option<PathBuf>,
+    /// Copy the predictor of another package instead (its graph, pretrained files and
+    /// manifest entry): the predictor reads only the source text and predicts target
+    /// subwords, so it serves any model with the same tokenizer, which is checked.
+    #[arg(long, conflicts_with_all = ["predictor", "bert_dir"])]
+    pub from_package: Option<PathBuf>,
     /// Origin of the BERT files, recorded in the manifest with `/<file name>` appended.
     #[arg(
         long,
@@ -410,6 +415,41 @@ pub fn graph(
 }
 
 /// Copies `from` to `to` unless `to` already holds the same bytes; returns its sha256.
+/// `from`'s predictor added to the package in `to`, which must share its tokenizer.
+fn copy_from_package(from: &Path, to: &Path) -> anyhow::Result<LengthPrediction> {
+    let source = Manifest::load(from)?;
+    let mut manifest = Manifest::load(to)?;
+    let tokenizer = |m: &Manifest| m.files.get(model_package::files::TOKENIZER).cloned();
+    ensure!(
+        tokenizer(&source).is_some() && tokenizer(&source) == tokenizer(&manifest),
+        "{} and {} have different tokenizers: the predictor counts target subwords of its own",
+        from.display(),
+        to.display()
+    );
+    let prediction = source
+        .length_prediction
+        .with_context(|| format!("{} has no length prediction", from.display()))?;
+    let spec = prediction
+        .predictor
+        .as_ref()
+        .with_context(|| format!("{} has a linear fit but no predictor", from.display()))?;
+    std::fs::create_dir_all(to.join(FILES_DIR))?;
+    copy_unchanged(&from.join(&spec.graph), &to.join(&spec.graph))?;
+    for file in &spec.external_files {
+        let sha256 = copy_unchanged(&from.join(&file.path), &to.join(&file.path))?;
+        ensure!(
+            sha256 == file.sha256,
+            "{}: not the file {} records (install it: scripts/install-length-predictor.sh)",
+            from.join(&file.path).display(),
+            from.display()
+        );
+    }
+    manifest.length_prediction = Some(prediction.clone());
+    let graph = spec.graph.clone();
+    manifest.write(to, &[graph.as_str()])?;
+    Ok(prediction)
+}
+
 fn copy_unchanged(from: &Path, to: &Path) -> anyhow::Result<String> {
     let sha = sha256_file(from)?;
     if !(to.exists() && sha256_file(to)? == sha) {
@@ -446,9 +486,16 @@ fn check_bert(report: &PredictorReport, dir: &Path) -> anyhow::Result<BertConfig
 pub fn export_length_predictor(
     args: &LengthPredictorExportArgs,
 ) -> anyhow::Result<LengthPrediction> {
-    let report = PredictorReport::load(&args.predictor)?;
-    let head = LengthHead::load(&args.predictor.join(HEAD_WEIGHTS), &Device::Cpu)?;
-    let config = check_bert(&report, &args.bert_dir)?;
+    let (Some(predictor), Some(bert_dir)) = (&args.predictor, &args.bert_dir) else {
+        let from = args
+            .from_package
+            .as_ref()
+            .context("--predictor and --bert-dir, or --from-package")?;
+        return copy_from_package(from, &args.package);
+    };
+    let report = PredictorReport::load(predictor)?;
+    let head = LengthHead::load(&predictor.join(HEAD_WEIGHTS), &Device::Cpu)?;
+    let config = check_bert(&report, bert_dir)?;
     let max_positions = config.max_position_embeddings;
     let max_input_tokens = args.max_input_tokens.unwrap_or(max_positions);
     ensure!(
@@ -461,7 +508,7 @@ pub fn export_length_predictor(
     let mut external_files = Vec::new();
     for file in [BERT_WEIGHTS, BERT_TOKENIZER] {
         let path = format!("{FILES_DIR}/{file}");
-        let sha256 = copy_unchanged(&args.bert_dir.join(file), &args.package.join(&path))?;
+        let sha256 = copy_unchanged(&bert_dir.join(file), &args.package.join(&path))?;
         external_files.push(ExternalFile {
             path,
             sha256,

@@ -247,18 +247,64 @@ fn empty_package(dir: &Path) {
         evaluation: serde_json::Value::Null,
         length_prediction: None,
     };
-    manifest.write(dir, &[]).unwrap();
+    // Only its hash matters here: a copied predictor must come from the same tokenizer.
+    std::fs::write(dir.join(model_package::files::TOKENIZER), "{}").unwrap();
+    manifest
+        .write(dir, &[model_package::files::TOKENIZER])
+        .unwrap();
 }
 
 fn export(package: &Path, run: &Path, bert_dir: &Path) {
     export_length_predictor(&LengthPredictorExportArgs {
         package: package.to_path_buf(),
-        predictor: run.to_path_buf(),
-        bert_dir: bert_dir.to_path_buf(),
+        predictor: Some(run.to_path_buf()),
+        bert_dir: Some(bert_dir.to_path_buf()),
+        from_package: None,
         bert_source: "test".into(),
         max_input_tokens: None,
     })
     .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+fn copy_predictor(from: &Path, to: &Path) -> anyhow::Result<()> {
+    export_length_predictor(&LengthPredictorExportArgs {
+        package: to.to_path_buf(),
+        predictor: None,
+        bert_dir: None,
+        from_package: Some(from.to_path_buf()),
+        bert_source: "test".into(),
+        max_input_tokens: None,
+    })
+    .map(|_| ())
+}
+
+/// Another package with the same tokenizer takes the predictor as it is; one with another
+/// tokenizer is refused.
+fn check_copy(package: &Path) {
+    let work = package.parent().unwrap();
+    let copy = work.join("copy");
+    empty_package(&copy);
+    copy_predictor(package, &copy).unwrap_or_else(|e| panic!("{e:#}"));
+    let (a, b) = (
+        Manifest::load(package).unwrap(),
+        Manifest::load(&copy).unwrap(),
+    );
+    assert_eq!(a.length_prediction, b.length_prediction);
+    assert_eq!(a.files.get(GRAPH), b.files.get(GRAPH));
+    let other = work.join("other-tokenizer");
+    empty_package(&other);
+    std::fs::write(
+        other.join(model_package::files::TOKENIZER),
+        "{\"other\": 1}",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(other.join(model_package::files::MANIFEST)).unwrap();
+    let mut manifest: Manifest = serde_json::from_str(&text).unwrap();
+    manifest
+        .write(&other, &[model_package::files::TOKENIZER])
+        .unwrap();
+    let err = copy_predictor(package, &other).unwrap_err().to_string();
+    assert!(err.contains("different tokenizers"), "{err}");
 }
 
 fn ort_session(path: &Path) -> Session {
@@ -427,6 +473,7 @@ fn tiny_random_bert_matches_candle() {
     let package = check_parity(&bert_dir, &run, &rows);
     check_external(&package, &bert_dir);
     onnx_checker(&package.join(GRAPH));
+    check_copy(&package);
 }
 
 /// The installed all-MiniLM-L6-v2 (`NMT_MINILM_DIR`, else the PyPI package
