@@ -19,6 +19,9 @@
 # --quick: tiny models, 40 steps, 60 test verses: checks the pipeline in minutes, writes to
 # runs/position-study-quick and its own doc there, never to docs/.
 set -euo pipefail
+# Braces: bash reads the whole script before running it, so the script can be edited while a
+# study of several hours runs.
+{
 cd "$(dirname "$0")/.."
 
 quick=0
@@ -149,3 +152,5 @@ python3 scripts/position_study.py length-encodings "$dir" "${STUDY_LENGTH_DOC:-$
 python3 scripts/position_study.py report "$dir" "$doc" --cap "$cap" --terciles "$t1" "$t2" \
   --steps "$steps" --size "$size" --models "${MODELS[@]}" --thirds-models "${THIRDS_MODELS[@]}"
 echo "position-study: wrote $doc" >&2
+exit
+}
