@@ -72,10 +72,13 @@ ARG PIP_CERT=
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/*
+# onnxruntime-gpu 1.31.1 is built for CUDA 13: its `cuda` and `cudnn` extras name the runtime
+# wheels it loads; cuBLAS 13, which its CUDA provider links, is not among them. (The CUDA 12
+# wheels install without complaint and leave the provider unloadable, libcublasLt.so.13
+# missing, so the server quietly ran on CPU: scripts/container-images.sh now checks.)
 RUN python3 -m venv /venv \
- && /venv/bin/pip install -q --no-cache-dir onnxruntime-gpu==1.31.1 \
-      nvidia-cuda-runtime-cu12 nvidia-cublas-cu12 nvidia-cudnn-cu12 nvidia-cufft-cu12 \
-      nvidia-curand-cu12 nvidia-cuda-nvrtc-cu12 \
+ && /venv/bin/pip install -q --no-cache-dir "onnxruntime-gpu[cuda,cudnn]==1.31.1" \
+      "nvidia-cublas~=13.0" \
  && mkdir -p /opt/onnxruntime /opt/nvidia \
  && cp /venv/lib/python3*/site-packages/onnxruntime/capi/libonnxruntime*.so* /opt/onnxruntime/ \
  && cp -a /venv/lib/python3*/site-packages/nvidia/*/lib/. /opt/nvidia/

@@ -8,6 +8,8 @@
 #
 #   scripts/container-images.sh            # build, start, translate over HTTP, SIGTERM
 #   KEEP=1 scripts/container-images.sh     # keep the base images and the built image
+#   TARGET=cuda scripts/container-images.sh  # the CUDA image (onnxruntime-gpu); without a GPU
+#                                            # its server falls back to CPU, which is checked
 #
 # Needs root, and apt packages podman, buildah, debootstrap (installed when missing).
 set -euo pipefail
@@ -15,6 +17,8 @@ cd "$(dirname "$0")/.."
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 WORK=${WORK:-/tmp/nmt-container}
 PORT=${PORT:-18080}
+TARGET=${TARGET:-cpu}
+IMAGE=localhost/nmt-server:$TARGET
 mkdir -p "$WORK"
 
 for p in podman buildah debootstrap; do
@@ -54,20 +58,20 @@ podman build --format docker --isolation chroot "${ca[@]}" \
   --build-arg BUILDER_IMAGE=localhost/rust-bookworm \
   --build-arg RUNTIME_IMAGE=localhost/debian-bookworm \
   --volume "${CARGO_HOME:-$HOME/.cargo}/registry:/usr/local/cargo/registry" \
-  -t localhost/nmt-server:latest . >&2
-echo "container-images: built in $(( $(date +%s) - start )) s; size $(podman image inspect localhost/nmt-server:latest --format '{{.Size}}') bytes" >&2
+  --target "$TARGET" -t "$IMAGE" . >&2
+echo "container-images: built in $(( $(date +%s) - start )) s; size $(podman image inspect $IMAGE --format '{{.Size}}') bytes" >&2
 
-mnt=$(podman image mount localhost/nmt-server:latest)
+mnt=$(podman image mount $IMAGE)
 cleanup() {
   [ -n "${server:-}" ] && kill -9 "$server" 2>/dev/null || true
   umount "$mnt/proc" 2>/dev/null || true
-  podman image unmount localhost/nmt-server:latest >/dev/null || true
-  [ -n "${KEEP:-}" ] || podman rmi -f localhost/nmt-server:latest >/dev/null 2>&1 || true
+  podman image unmount $IMAGE >/dev/null || true
+  [ -n "${KEEP:-}" ] || podman rmi -f $IMAGE >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-user=$(podman image inspect localhost/nmt-server:latest --format '{{.Config.User}}')
-mapfile -t envs < <(podman image inspect localhost/nmt-server:latest --format '{{range .Config.Env}}{{println .}}{{end}}' | sed '/^$/d')
-entrypoint=$(podman image inspect localhost/nmt-server:latest --format '{{index .Config.Entrypoint 0}}')
+user=$(podman image inspect $IMAGE --format '{{.Config.User}}')
+mapfile -t envs < <(podman image inspect $IMAGE --format '{{range .Config.Env}}{{println .}}{{end}}' | sed '/^$/d')
+entrypoint=$(podman image inspect $IMAGE --format '{{index .Config.Entrypoint 0}}')
 uid=$(chroot "$mnt" id -u "$user"); gid=$(chroot "$mnt" id -g "$user")
 echo "container-images: starting $entrypoint as $user ($uid) from the image" >&2
 mount --bind /proc "$mnt/proc" 2>/dev/null || true
@@ -82,8 +86,20 @@ curl -sf "localhost:$PORT/ready" >/dev/null || { cat "$WORK/server.log" >&2; ech
 answer=$(curl -sf "localhost:$PORT/translate" -H 'content-type: application/json' -d '{"text": "Jesus wept."}')
 echo "container-images: $answer" >&2
 echo "$answer" | grep -q '"text":"[^"]' || { echo "no translation" >&2; exit 1; }
+if [ "$TARGET" = cuda ]; then
+  # Without a GPU the server runs on CPU, so check here that the CUDA provider would load on a
+  # host that has one: every library it links resolves in the image but the driver's
+  # libcuda.so.1, which the host provides, and cuDNN is there for it to open.
+  provider=/opt/onnxruntime/libonnxruntime_providers_cuda.so
+  missing=$(env -i "${envs[@]}" chroot "$mnt" ldd "$provider" | grep "not found" | grep -v "libcuda.so.1" || true)
+  [ -z "$missing" ] || { echo "container-images: $provider lacks: $missing" >&2; exit 1; }
+  env -i "${envs[@]}" chroot "$mnt" bash -c 'ls /opt/nvidia/libcudnn.so.9' >/dev/null ||
+    { echo "container-images: no cuDNN 9 in /opt/nvidia" >&2; exit 1; }
+  echo "container-images: the CUDA provider's libraries resolve (libcuda.so.1 comes with the host's driver)" >&2
+  grep -m1 "CUDA" "$WORK/server.log" >&2 || true
+fi
 # The image's own health check, run as the image runs it.
-health=$(podman image inspect localhost/nmt-server:latest --format '{{index .Config.Healthcheck.Test 3}}')
+health=$(podman image inspect $IMAGE --format '{{index .Config.Healthcheck.Test 3}}')
 env -i "${envs[@]}" NMT_PORT="$PORT" chroot --userspec="$uid:$gid" "$mnt" bash -c "$health"
 echo "container-images: health check passed" >&2
 kill -TERM "$server"
