@@ -281,11 +281,12 @@ def drop(a, b):
     return None if a is None or b is None else b - a
 
 
-def verdict(delta, p, expect_positive=True):
-    """held / not held / inconclusive, from a difference and its bootstrap p-value."""
+def verdict(delta, p):
+    """held / not held / inconclusive, from a difference the claim says is positive and its
+    bootstrap p-value."""
     if delta is None:
         return "not measured"
-    agrees = delta > 0 if expect_positive else delta < 0
+    agrees = delta > 0
     if p is not None and p < SIGNIFICANCE:
         return "**held**" if agrees else "**did not hold** (significant in the other direction)"
     return "inconclusive (same direction, p ≥ 0.05)" if agrees else "**did not hold** (no significant difference)"
@@ -448,6 +449,14 @@ def section_thirds(study, thirds_models, t1, t2, lines):
     lines.append("")
 
 
+def tested(n, claim, measured, delta, p, paper):
+    """One of the papers' claims that a difference and its paired-bootstrap p-value decide."""
+    return (
+        f"{n}. **{claim}** {measured} {fmt(delta)} (p = {fmt(p, 3)}). Paper: {paper}. "
+        f"Verdict: {verdict(delta, p)}."
+    )
+
+
 def findings(ev_all, ev_short, study, cap, lines):
     """Each of the papers' claims, tested on our numbers."""
     lines += ["## Which findings held", ""]
@@ -457,15 +466,15 @@ def findings(ev_all, ev_short, study, cap, lines):
         inside, last = b[0], b[-1]
         t_in, t_out = ev_short.bleu("transformer.short", inside), ev_short.bleu("transformer.short", last)
         r_in, r_out = ev_short.bleu("rel-transformer.short", inside), ev_short.bleu("rel-transformer.short", last)
-        gap_out = drop(t_out, r_out)
-        out.append(
-            f"1. **Relative positions keep their quality beyond the training lengths; absolute ones "
-            f"do not.** Trained on sources ≤ {cap}: Transformer {fmt(t_in)} ({inside}) → {fmt(t_out)} "
-            f"({last}); Rel-Transformer {fmt(r_in)} → {fmt(r_out)}; Rel minus Transformer at {last}: "
-            f"{fmt(gap_out)} (p = {fmt(ev_short.p_bucket('rel-transformer.short', last), 3)}). "
-            f"Paper: {PAPERS['rosendahl_t2']}. Verdict: "
-            f"{verdict(gap_out, ev_short.p_bucket('rel-transformer.short', last))}."
-        )
+        out.append(tested(
+            1,
+            "Relative positions keep their quality beyond the training lengths; absolute ones do not.",
+            f"Trained on sources ≤ {cap}: Transformer {fmt(t_in)} ({inside}) → {fmt(t_out)} ({last}); "
+            f"Rel-Transformer {fmt(r_in)} → {fmt(r_out)}; Rel minus Transformer at {last}:",
+            drop(t_out, r_out),
+            ev_short.p_bucket("rel-transformer.short", last),
+            PAPERS["rosendahl_t2"],
+        ))
         d_in = drop(t_in, r_in)
         p_in = ev_short.p_bucket("rel-transformer.short", inside)
         same = "held" if p_in is None or p_in >= SIGNIFICANCE else "**did not hold**"
@@ -473,21 +482,23 @@ def findings(ev_all, ev_short, study, cap, lines):
             f"2. **Within the training lengths the two are equal.** Rel minus Transformer at {inside}: "
             f"{fmt(d_in)} (p = {fmt(p_in, 3)}). Paper: {PAPERS['rosendahl_t2_in']}. Verdict: {same}."
         )
-        c8 = drop(ev_short.joined("transformer.short", 8), ev_short.joined("rel-transformer.short", 8))
-        out.append(
-            f"3. **On joined inputs far beyond the training lengths, relative beats absolute.** "
-            f"8 verses joined, trained on ≤ {cap}: Rel minus Transformer {fmt(c8)} "
-            f"(p = {fmt(ev_short.p_concat('rel-transformer.short', 8), 3)}). Paper: {PAPERS['rosendahl_t3']}. "
-            f"Verdict: {verdict(c8, ev_short.p_concat('rel-transformer.short', 8))}."
-        )
-        l_out = ev_short.bleu("transformer-learned.short", last)
-        dl = drop(l_out, t_out)
-        out.append(
-            f"4. **Sinusoidal beats learned absolute positions beyond the training lengths.** At {last}, "
-            f"trained on ≤ {cap}: sinusoidal minus learned {fmt(dl)}. Paper: {PAPERS['neishi_learned']}. "
-            f"Verdict: {verdict(dl, ev_short.p_bucket('transformer-learned.short', last), expect_positive=True) if dl is not None else 'not measured'}"
-            " (the p-value is the learned model's against the sinusoidal one)."
-        )
+        out.append(tested(
+            3,
+            "On joined inputs far beyond the training lengths, relative beats absolute.",
+            f"8 verses joined, trained on ≤ {cap}: Rel minus Transformer",
+            drop(ev_short.joined("transformer.short", 8), ev_short.joined("rel-transformer.short", 8)),
+            ev_short.p_concat("rel-transformer.short", 8),
+            PAPERS["rosendahl_t3"],
+        ))
+        # The learned model is the one tested against the sinusoidal baseline.
+        out.append(tested(
+            4,
+            "Sinusoidal beats learned absolute positions beyond the training lengths.",
+            f"At {last}, trained on ≤ {cap}: sinusoidal minus learned",
+            drop(ev_short.bleu("transformer-learned.short", last), t_out),
+            ev_short.p_bucket("transformer-learned.short", last),
+            PAPERS["neishi_learned"],
+        ))
         lstm = ev_short.bleu("lstm-pe.short", last)
         between = None if lstm is None or t_out is None or r_out is None else (min(t_out, r_out) <= lstm <= max(t_out, r_out))
         out.append(
@@ -496,14 +507,14 @@ def findings(ev_all, ev_short, study, cap, lines):
             f"Paper: {PAPERS['rosendahl_lstm']}. Verdict: "
             f"{'not measured' if between is None else ('held' if between else '**did not hold**')}."
         )
-        g_out = ev_short.bleu("rnn-transformer.short", last)
-        dg = drop(t_out, g_out)
-        out.append(
-            f"6. **GRU positions (RNN-Transformer) beat the Transformer beyond the training lengths.** "
-            f"At {last}: {fmt(dg)} (p = {fmt(ev_short.p_bucket('rnn-transformer.short', last), 3)}). "
-            f"Paper: Neishi & Yoshinaga, Fig. 3 (figure only). Verdict: "
-            f"{verdict(dg, ev_short.p_bucket('rnn-transformer.short', last))}."
-        )
+        out.append(tested(
+            6,
+            "GRU positions (RNN-Transformer) beat the Transformer beyond the training lengths.",
+            f"At {last}, RNN-Transformer minus Transformer:",
+            drop(t_out, ev_short.bleu("rnn-transformer.short", last)),
+            ev_short.p_bucket("rnn-transformer.short", last),
+            "Neishi & Yoshinaga, Fig. 3 (figure only)",
+        ))
     if ev_all:
         order = ["rnn-nmt", "transformer", "rel-transformer", "rnn-transformer", "rr-transformer"]
         scores = {m: ev_all.bleu(f"{m}.all") for m in order if f"{m}.all" in ev_all.systems}
