@@ -2,8 +2,12 @@
 # The papers' length findings on our corpus: absolute vs relative vs recurrent positions on
 # inputs longer than those seen in training. Trains every model of the study, exports it,
 # evaluates it through the serving engine (nmt-eval) and writes
-# docs/experiments/position-study.md with its plots. Re-runnable: a finished run is skipped,
-# an unfinished one resumes from its last checkpoint, so the study can span sessions.
+# docs/experiments/position-study.md with its plots. Re-runnable, and made to span sessions
+# on machines that keep nothing but the repository: each finished model leaves its training
+# report and its translations of the test sets (nmt-eval's decoded.json, ~100 KB) in
+# docs/experiments/position-study/runs/<name>/, and is then never trained again; the tables
+# are scored from those files. An unfinished model resumes from its last checkpoint while
+# the machine keeps it.
 #
 #   scripts/position-study.sh [--quick]
 #
@@ -14,10 +18,13 @@
 #   STUDY_JOBS   models trained at once, one core each (default 2)
 #   STUDY_DOC    the write-up (default docs/experiments/position-study.md; Oka et al.'s table
 #                of length encodings goes beside it, length-encodings.md)
+#   STUDY_RECORD where each finished model's training report and translations are kept
+#                (default docs/experiments/position-study; commit it)
+#   STUDY_REPORT_ONLY=1  train nothing: write the tables from the models recorded so far
 #   STUDY_PREDICTOR_FROM  the package whose length predictor the LDPE/LRPE packages get
 #                (default models/en-es-rel-ldpe)
 # --quick: tiny models, 40 steps, 60 test verses: checks the pipeline in minutes, writes to
-# runs/position-study-quick and its own doc there, never to docs/.
+# runs/position-study-quick and its own doc and record there, never to docs/.
 set -euo pipefail
 # Braces: bash reads the whole script before running it, so the script can be edited while a
 # study of several hours runs.
@@ -30,14 +37,18 @@ if [ $quick = 1 ]; then
   dir=${STUDY_DIR:-runs/position-study-quick}
   steps=${STUDY_STEPS:-40}
   size=tiny
-  eval_flags=(--limit 60 --bootstrap-samples 100)
+  eval_flags=(--bootstrap-samples 100)
+  limit_flags="--limit 60"
   doc=${STUDY_DOC:-$dir/position-study.md}
+  record=${STUDY_RECORD:-$dir/record}
 else
   dir=${STUDY_DIR:-runs/position-study}
   steps=${STUDY_STEPS:-1500}
   size=small
   eval_flags=()
+  limit_flags=""
   doc=${STUDY_DOC:-docs/experiments/position-study.md}
+  record=${STUDY_RECORD:-docs/experiments/position-study}
 fi
 cap=${STUDY_CAP:-32}
 jobs=${STUDY_JOBS:-2}
@@ -84,53 +95,97 @@ runs_list() {
   done
 }
 
-train_one() { # NAME PRESET FLAGS...
-  local name=$1 preset=$2
-  shift 2
-  local out=$dir/runs/$name
-  if [ -f "$out/report.json" ] && python3 - "$out/report.json" "$steps" <<'EOF'
+# The length asks a model's translations are kept for: what a request without one gets,
+# and for the length-aware models the predicted, source and reference lengths.
+asks_of() { # NAME
+  case " $LENGTH_RUNS " in
+    *" $1 "*) echo "default auto source reference" ;;
+    *) echo "default" ;;
+  esac
+}
+
+budget_spent() { # REPORT_JSON: the run reached the study's budget
+  [ -f "$1" ] && python3 - "$1" "$steps" <<'EOF'
 import json, sys
 sys.exit(0 if json.load(open(sys.argv[1]))["state"]["step"] >= int(sys.argv[2]) else 1)
 EOF
-  then
-    echo "position-study: $name trained" >&2
+}
+
+# Whether NAME's training report (at this budget) and translations are in the record.
+recorded() { # NAME
+  local r=$record/runs/$1 ask
+  budget_spent "$r/report.json" || return 1
+  for ask in $(asks_of "$1"); do [ -f "$r/decoded-$ask.json" ] || return 1; done
+}
+
+# Trains NAME, exports it, translates the test sets with it (nmt-eval, through the serving
+# engine) and keeps the training report and the translations in the record.
+train_one() { # NAME PRESET FLAGS...
+  local name=$1 preset=$2
+  shift 2
+  if recorded "$name"; then
+    echo "position-study: $name recorded" >&2
     return 0
   fi
-  echo "position-study: training $name ($preset $*)" >&2
-  mkdir -p "$out"
-  # One core per run: two runs side by side use this machine better than one run on two.
-  RAYON_NUM_THREADS=1 $bin/nmt-train train --preset "$preset" --out "$out" --resume \
-    --batch-tokens 3000 --lr 1e-3 --warmup-steps 400 --max-steps "$steps" \
-    --eval-every 250 --save-every 50 --snapshot-every 1000000 --keep-snapshots 1 \
-    --dev-limit 200 --max-len 128 --quiet "$@" > "$out/report.json.tmp" 2> "$out/train.log"
-  mv "$out/report.json.tmp" "$out/report.json"
-}
-export -f train_one
-export dir steps bin
-
-runs_list | xargs -P "$jobs" -L 1 bash -c 'train_one "$@"' _
-
-for name in $(runs_list | cut -d' ' -f1); do
-  pkg=$dir/pkg/$name
-  [ -f "$pkg/manifest.json" ] && [ "$pkg/manifest.json" -nt "$dir/runs/$name/report.json" ] && continue
+  local out=$dir/runs/$name pkg=$dir/pkg/$name
+  if ! budget_spent "$out/report.json"; then
+    echo "position-study: training $name ($preset $*)" >&2
+    mkdir -p "$out"
+    # One core per run: two runs side by side use this machine better than one run on two.
+    RAYON_NUM_THREADS=1 $bin/nmt-train train --preset "$preset" --out "$out" --resume \
+      --batch-tokens 3000 --lr 1e-3 --warmup-steps 400 --max-steps "$steps" \
+      --eval-every 250 --save-every 50 --snapshot-every 1000000 --keep-snapshots 1 \
+      --dev-limit 200 --max-len 128 --quiet "$@" > "$out/report.json.tmp" 2> "$out/train.log"
+    mv "$out/report.json.tmp" "$out/report.json"
+  fi
   rm -rf "$pkg"
-  $bin/nmt-export --checkpoint "$dir/runs/$name/last" --tokenizer data/tokenizer.json \
-    --name "$name" --out "$pkg" >&2
-  case " ${LENGTH_MODELS[*]} " in
-    *" ${name%.all} "*) $bin/nmt-export length-predictor --package "$pkg" --from-package "$PREDICTOR_FROM" >&2 ;;
+  $bin/nmt-export --checkpoint "$out/last" --tokenizer data/tokenizer.json --name "$name" \
+    --out "$pkg" >&2
+  case " $LENGTH_RUNS " in
+    *" $name "*) $bin/nmt-export length-predictor --package "$pkg" --from-package "$PREDICTOR_FROM" >&2 ;;
   esac
-done
+  # The thirds are scored on single verses only; every other model on the long inputs too.
+  local concat=() ask ask_flags
+  case "$name" in *.third*) concat=(--no-concat) ;; esac
+  mkdir -p "$record/runs/$name"
+  for ask in $(asks_of "$name"); do
+    ask_flags=()
+    [ "$ask" = default ] || ask_flags=(--target-length "$ask")
+    echo "position-study: translating with $name ($ask length)" >&2
+    $bin/nmt-eval --package "$pkg" --split test --beyond-input-limit --bootstrap-samples 100 \
+      "${concat[@]}" "${ask_flags[@]}" $limit_flags --out "$dir/decode/$name-$ask" >&2
+    cp "$dir/decode/$name-$ask/$name/decoded.json" "$record/runs/$name/decoded-$ask.json"
+  done
+  cp "$out/report.json" "$record/runs/$name/report.json"
+}
+LENGTH_RUNS=$(printf '%s.all ' "${LENGTH_MODELS[@]}")
+export -f train_one recorded budget_spent asks_of
+export dir steps bin record limit_flags LENGTH_RUNS PREDICTOR_FROM
+
+if [ -z "${STUDY_REPORT_ONLY:-}" ]; then
+  runs_list | xargs -P "$jobs" -L 1 bash -c 'train_one "$@"' _
+fi
 
 evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]
   local out=$1 edges=$2 concat=$3
   shift 3
   local packages=()
-  while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do packages+=(--package "$dir/pkg/$1"); shift; done
+  local ask=default
+  [ "${1:-}" = --ask ] && { ask=$2; shift 2; }
+  # Models not yet recorded are left out: the tables show what the record holds so far.
+  while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do
+    [ -f "$record/runs/$1/decoded-$ask.json" ] && packages+=(--package "$record/runs/$1/decoded-$ask.json")
+    shift
+  done
+  if [ ${#packages[@]} = 0 ]; then
+    echo "position-study: $out skipped, none of its models recorded yet" >&2
+    return 0
+  fi
   local concat_flag=()
   [ "$concat" = no ] && concat_flag=(--no-concat)
   echo "position-study: evaluating $out" >&2
   $bin/nmt-eval "${packages[@]}" --split test --beyond-input-limit --bucket-edges "$edges" \
-    "${concat_flag[@]}" "${eval_flags[@]}" "$@" --out "$dir/$out" >&2
+    "${concat_flag[@]}" "${eval_flags[@]}" $limit_flags "$@" --out "$dir/$out" >&2
 }
 
 all=() short=()
@@ -144,12 +199,12 @@ done
 aware=()
 for m in "${LENGTH_MODELS[@]}"; do aware+=("$m.all"); done
 for from in auto source reference; do
-  evaluate "eval-length-$from" 16,32,64 no "${aware[@]}" --target-length "$from"
+  evaluate "eval-length-$from" 16,32,64 no --ask "$from" "${aware[@]}" --target-length "$from"
 done
-python3 scripts/position_study.py length-encodings "$dir" "${STUDY_LENGTH_DOC:-$(dirname "$doc")/length-encodings.md}" \
+python3 scripts/position_study.py length-encodings "$dir" --record "$record" "${STUDY_LENGTH_DOC:-$(dirname "$doc")/length-encodings.md}" \
   --steps "$steps" --size "$size" --models "${LENGTH_MODELS[@]}"
 
-python3 scripts/position_study.py report "$dir" "$doc" --cap "$cap" --terciles "$t1" "$t2" \
+python3 scripts/position_study.py report "$dir" "$doc" --record "$record" --cap "$cap" --terciles "$t1" "$t2" \
   --steps "$steps" --size "$size" --models "${MODELS[@]}" --thirds-models "${THIRDS_MODELS[@]}"
 echo "position-study: wrote $doc" >&2
 exit

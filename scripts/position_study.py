@@ -32,7 +32,7 @@ def report(args):
         f"the `-{args.size}` twin of its preset ({SIZES[args.size]}; `docs/model-package.md`), "
         f"trained for the same {args.steps} optimizer steps of at most 3,000 padded tokens "
         f"(learning rate 1e-3, 400 warm-up steps, one core each, two at a time; "
-        f"{seen_tokens(study)}), then exported and evaluated through the server's engine by "
+        f"{seen_tokens(args.record)}), then exported and evaluated through the server's engine by "
         f"`nmt-eval` (greedy, sacrebleu 13a, inputs beyond a model's input limit decoded "
         f"rather than refused). Size and budget are what this 2-core CPU affords for "
         f"{len(runs)} models: the papers train d_model 512 models for 200k-300k steps on "
@@ -63,7 +63,7 @@ def report(args):
         "| run | parameters | steps | training pairs | minutes | target tokens/s | dev loss |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    lines += training_rows(study, runs)
+    lines += training_rows(args.record, runs)
     lines += [
         "",
         f"Minutes are each run's own training time on one core, with another run on the other "
@@ -292,9 +292,9 @@ def verdict(delta, p):
     return "inconclusive (same direction, p ≥ 0.05)" if agrees else "**did not hold** (no significant difference)"
 
 
-def seen_tokens(study):
+def seen_tokens(record):
     """How much data the budget is, from the Transformer's run on all pairs."""
-    path = os.path.join(study, "runs", "transformer.all", "report.json")
+    path = os.path.join(record, "runs", "transformer.all", "report.json")
     if not os.path.exists(path):
         return "budget not yet spent"
     st = load(path)["state"]
@@ -304,10 +304,10 @@ def seen_tokens(study):
     )
 
 
-def training_rows(study, runs):
+def training_rows(record, runs):
     rows = []
     for run in runs:
-        path = os.path.join(study, "runs", run, "report.json")
+        path = os.path.join(record, "runs", run, "report.json")
         if not os.path.exists(path):
             continue
         r = load(path)
@@ -540,6 +540,7 @@ def main():
     r = sub.add_parser("report", help="write the study's Markdown")
     r.add_argument("dir")
     r.add_argument("doc")
+    r.add_argument("--record", required=True, help="folder of the finished models' training reports")
     r.add_argument("--cap", type=int, required=True)
     r.add_argument("--terciles", type=int, nargs=2, required=True)
     r.add_argument("--steps", type=int, required=True)
@@ -549,6 +550,7 @@ def main():
     le = sub.add_parser("length-encodings", help="write Oka et al.'s table of length encodings")
     le.add_argument("dir")
     le.add_argument("doc")
+    le.add_argument("--record", required=True, help="folder of the finished models' training reports")
     le.add_argument("--steps", type=int, required=True)
     le.add_argument("--size", choices=sorted(SIZES), default="small")
     le.add_argument("--models", nargs="+", required=True)

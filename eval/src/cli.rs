@@ -13,7 +13,8 @@ use crate::stats::BucketEdges;
 /// paired bootstrap against a baseline), overall and by source-length bucket (the server's
 /// `input_length` buckets, or `--bucket-edges`); counts looping outputs and outputs that hit the length budget;
 /// evaluates the long-input set (test-concat.tsv) against the same verses translated one by
-/// one. Writes hypotheses, report.json, report.md and PNG plots to `--out`.
+/// one. Writes hypotheses, each package's translations (`decoded.json`, to score again
+/// without the package), report.json, report.md and PNG plots to `--out`.
 ///
 /// Needs ONNX Runtime (`source scripts/env.sh` sets ORT_DYLIB_PATH) and python3 with
 /// sacrebleu 2.6.0 (`scripts/setup.sh` installs both). Server limits (`--max-length-ratio`,
@@ -24,7 +25,9 @@ use crate::stats::BucketEdges;
 pub struct Args {
     /// Model package directory to evaluate; repeat the flag to evaluate several on the same
     /// set. Without `--baseline`, the first is the baseline of the paired bootstrap when
-    /// several are given.
+    /// several are given. In place of a package: the `decoded.json` an earlier run wrote
+    /// beside a package's hypotheses (`<out>/<label>/decoded.json`), scored again without
+    /// decoding (same set and length flags; buckets and baseline may differ).
     #[arg(long = "package", required = true)]
     pub packages: Vec<PathBuf>,
 

@@ -8,6 +8,7 @@ mod plot;
 mod report;
 mod run;
 mod sacrebleu;
+mod saved;
 mod stats;
 
 use std::process::ExitCode;

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
 
 use crate::cli::{Args, LengthModeArg, TargetLengthArg};
 use crate::data::{self, ConcatGroup, Parallel};
@@ -16,23 +17,24 @@ use crate::report::{
     PairedReport, Report, Row, SacrebleuInfo, SetInfo, SubsetPaired, SystemReport,
 };
 use crate::sacrebleu::{self, Job, PairedSystem, Signatures};
+use crate::saved;
 use crate::stats::{self, BucketEdges, Counts};
 use nmt_server::length::{LengthMode, LengthRequest, TargetLength};
 use nmt_translate::engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
 
 /// The set to evaluate.
-struct EvalSet {
-    name: String,
+pub(crate) struct EvalSet {
+    pub(crate) name: String,
     source: PathBuf,
     reference: PathBuf,
-    data: Parallel,
-    concat: Option<ConcatSet>,
+    pub(crate) data: Parallel,
+    pub(crate) concat: Option<ConcatSet>,
 }
 
 /// The long-input set and the verses its groups join.
-struct ConcatSet {
+pub(crate) struct ConcatSet {
     path: PathBuf,
-    groups: Vec<ConcatGroup>,
+    pub(crate) groups: Vec<ConcatGroup>,
     verses: Parallel,
 }
 
@@ -91,18 +93,20 @@ fn load_concat(args: &Args) -> Result<Option<ConcatSet>> {
 }
 
 /// Everything decoded with one package.
-struct Decoded {
+#[derive(Clone, Serialize, Deserialize)]
+pub(crate) struct Decoded {
     info: PackageInfo,
     translations: Vec<Translation>,
     reference_subwords: Vec<usize>,
     seconds: f64,
-    concat: Vec<DecodedConcat>,
+    pub(crate) concat: Vec<DecodedConcat>,
 }
 
 /// One group size of the long-input set, decoded both ways.
-struct DecodedConcat {
+#[derive(Clone, Serialize, Deserialize)]
+pub(crate) struct DecodedConcat {
     n_verses: usize,
-    references: Vec<String>,
+    pub(crate) references: Vec<String>,
     reference_subwords: Vec<usize>,
     joined: Vec<Translation>,
     one_by_one: Vec<Translation>,
@@ -511,11 +515,17 @@ pub fn run(args: &Args) -> Result<()> {
     let mut decoded = Vec::new();
     let mut plans = Vec::new();
     for dir in &dirs {
-        let mut engine = Engine::load(dir, &options)?;
-        let label = unique_label(&engine.info.name, &labels);
-        let d = decode(&mut engine, &set, args)?;
+        let (ask, beyond) = (length_ask(args), args.beyond_input_limit);
+        let d = if saved::is_saved(dir) {
+            saved::load(dir, &set, ask, beyond)?
+        } else {
+            let mut engine = Engine::load(dir, &options)?;
+            decode(&mut engine, &set, args)?
+        };
+        let label = unique_label(&d.info.name, &labels);
         let edges = &args.bucket_edges;
         plans.push(plan(&out.join(&label), &set, &d, &reference_file, edges)?);
+        saved::save(&out.join(&label), &set, &d, length_ask(args), beyond)?;
         labels.push(label);
         decoded.push(d);
     }

@@ -296,3 +296,58 @@ fn bucket_edges_split_the_scores_and_the_paired_bootstrap_runs_per_bucket() {
     assert!(md.contains("## en-es-rel-ldpe: by source length (subwords, bucket edges 32)"));
     assert!(md.contains("| 33+ | 8 | en-es-rel-ldpe-2 | "), "{md}");
 }
+
+#[test]
+fn saved_translations_score_again_without_the_package() {
+    let first = tempfile::tempdir().unwrap();
+    let package = package();
+    let p = package.to_str().unwrap();
+    let decoded = eval(first.path(), &["--package", p, "--limit", "8"], &[]);
+    let saved = first.path().join("en-es-rel-ldpe/decoded.json");
+    let s = saved.to_str().unwrap();
+
+    // Scored again from the file, with other buckets: the same translations and scores.
+    let again = tempfile::tempdir().unwrap();
+    let args = ["--package", s, "--limit", "8", "--bucket-edges", "32"];
+    let rescored = eval(again.path(), &args, &[]);
+    let (a, b) = (&decoded["systems"][0], &rescored["systems"][0]);
+    assert_eq!(a["overall"], b["overall"]);
+    assert_eq!(a["concat"], b["concat"]);
+    let hyp = |dir: &Path| std::fs::read_to_string(dir.join("en-es-rel-ldpe/test.hyp")).unwrap();
+    assert_eq!(hyp(first.path()), hyp(again.path()));
+    let labels: Vec<&str> = b["by_source_length"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["bucket"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["1-32", "33+"]);
+    // Without its long-input groups too.
+    let third = tempfile::tempdir().unwrap();
+    let short = eval(
+        third.path(),
+        &["--package", s, "--limit", "8", "--no-concat"],
+        &[],
+    );
+    assert_eq!(short["systems"][0]["overall"], a["overall"]);
+
+    // Another set, or other length flags, would compare unlike things: refused.
+    for other in [
+        &["--limit", "6"][..],
+        &["--limit", "8", "--target-length", "source"][..],
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        let status = Command::new(env!("CARGO_BIN_EXE_nmt-eval"))
+            .arg("--corpus")
+            .arg(fixture())
+            .arg("--out")
+            .arg(out.path())
+            .args(["--package", s])
+            .args(other)
+            .output()
+            .unwrap();
+        assert!(!status.status.success(), "{other:?}");
+        let stderr = String::from_utf8_lossy(&status.stderr);
+        assert!(stderr.contains("was decoded otherwise"), "{stderr}");
+    }
+}

@@ -1,8 +1,10 @@
 //! Checkpoint -> model package: ONNX graphs written from the weights by this crate (no
 //! tracer, no Python), the tokenizer, and a manifest with checksums and provenance; and,
 //! into a written package, the length predictor ([`length_predictor`]); and from a package,
-//! its int8 copy, by ONNX Runtime's Python quantizer ([`quantize`]).
+//! its int8 copy, by ONNX Runtime's Python quantizer ([`quantize`]); and back, from a
+//! package to a checkpoint that training can start from ([`checkpoint`]).
 
+pub mod checkpoint;
 pub mod graph;
 pub mod length_predictor;
 pub mod proto;

@@ -1,6 +1,6 @@
 //! `nmt-export`: checkpoint -> model package; `nmt-export length-predictor`: a trained
 //! length predictor -> an existing package; `nmt-export quantize`: a package -> its int8
-//! copy.
+//! copy; `nmt-export checkpoint`: a package -> a checkpoint to train on from.
 
 use clap::{Parser, Subcommand};
 use model_export::quantize::{Python, QuantizeTo, Quantized};
@@ -41,6 +41,11 @@ enum Command {
     /// GRU/LSTM layers and the length predictor stay float32. The package contract is
     /// unchanged, so nmt-server serves it as any other.
     Quantize(model_export::quantize::QuantizeArgs),
+    /// Read a float32 Transformer-family package back into a checkpoint (config.json,
+    /// model.safetensors, trainer_state.json with the package's provenance), so that
+    /// `nmt-train train --init-from` can go on training a shipped model whose run's
+    /// checkpoints are gone. Exporting the result writes the same weights again.
+    Checkpoint(model_export::checkpoint::CheckpointArgs),
 }
 
 fn report_quantized(quantized: &Quantized, out: &std::path::Path) {
@@ -74,6 +79,14 @@ fn main() -> anyhow::Result<()> {
                 args.package.display(),
                 fit.slope,
                 fit.intercept
+            );
+        }
+        (Some(Command::Checkpoint(args)), _) => {
+            let weights = model_export::checkpoint::checkpoint_from_package(&args)?;
+            println!(
+                "wrote {} ({weights} weights from {})",
+                args.out.display(),
+                args.package.display()
             );
         }
         (Some(Command::Quantize(args)), _) => {

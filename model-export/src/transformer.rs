@@ -47,25 +47,29 @@ fn layer_norm(g: &mut Graph, norm: &LayerNorm, x: &str, hint: &str) -> Result<St
     Ok(g.layer_norm(x, &w, &b, norm.eps))
 }
 
-/// The residual block of `nmt_train::model::residual`, without dropout.
+/// The residual block of `nmt_train::model::residual`, without dropout. `sublayer_name` is
+/// the sublayer's field (`self_attn`, `cross_attn`, `ffn`): its weights are named under it
+/// and the norm's `<sublayer_name>_norm` beside it, as the checkpoint keys them
+/// (`nmt-export checkpoint` reads them back by these names).
 fn residual(
     g: &mut Graph,
     x: &str,
     norm: &LayerNorm,
     placement: NormPlacement,
-    hint: &str,
+    sublayer_name: &str,
     sublayer: impl FnOnce(&mut Graph, &str) -> Result<String>,
 ) -> Result<String> {
+    let norm_name = format!("{sublayer_name}_norm");
     match placement {
         NormPlacement::Pre => {
-            let h = layer_norm(g, norm, x, hint)?;
-            let y = sublayer(g, &h)?;
+            let h = layer_norm(g, norm, x, &norm_name)?;
+            let y = g.scoped(sublayer_name, |g| sublayer(g, &h))?;
             Ok(g.add(x, &y))
         }
         NormPlacement::Post => {
-            let y = sublayer(g, x)?;
+            let y = g.scoped(sublayer_name, |g| sublayer(g, x))?;
             let sum = g.add(x, &y);
-            layer_norm(g, norm, &sum, hint)
+            layer_norm(g, norm, &sum, &norm_name)
         }
     }
 }
@@ -396,7 +400,7 @@ impl Exporter<'_> {
 
     fn final_norm(&self, g: &mut Graph, norm: &Option<LayerNorm>, x: String) -> Result<String> {
         match norm {
-            Some(n) => g.scoped("final_norm", |g| layer_norm(g, n, &x, "norm")),
+            Some(n) => layer_norm(g, n, &x, "final_norm"),
             None => Ok(x),
         }
     }
@@ -461,31 +465,27 @@ impl Exporter<'_> {
         let bias = self.padding_bias(&mut g, &mask);
         for (i, layer) in self.model.encoder.layers.iter().enumerate() {
             x = g.scoped(&format!("encoder.layers.{i}"), |g| -> Result<String> {
-                let x = g.scoped("self_attn", |g| {
-                    residual(
-                        g,
-                        &x,
-                        &layer.self_attn_norm,
-                        cfg.norm,
-                        "self_attn_norm",
-                        |g, h| {
-                            let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
-                            let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
-                            let relative = match (&layer.self_attn.relative, &relative_rows) {
-                                (Some(tables), Some(rows)) => {
-                                    let (keys, values) = self.gather_relative(g, tables, rows)?;
-                                    Some(Relative::Full { keys, values })
-                                }
-                                _ => None,
-                            };
-                            self.attend(g, &layer.self_attn, h, (&k, &v), &bias, relative.as_ref())
-                        },
-                    )
-                })?;
-                g.scoped("ffn", |g| {
-                    residual(g, &x, &layer.ffn_norm, cfg.norm, "ffn_norm", |g, h| {
-                        self.feed_forward(g, &layer.ffn, h)
-                    })
+                let x = residual(
+                    g,
+                    &x,
+                    &layer.self_attn_norm,
+                    cfg.norm,
+                    "self_attn",
+                    |g, h| {
+                        let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
+                        let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
+                        let relative = match (&layer.self_attn.relative, &relative_rows) {
+                            (Some(tables), Some(rows)) => {
+                                let (keys, values) = self.gather_relative(g, tables, rows)?;
+                                Some(Relative::Full { keys, values })
+                            }
+                            _ => None,
+                        };
+                        self.attend(g, &layer.self_attn, h, (&k, &v), &bias, relative.as_ref())
+                    },
+                )?;
+                residual(g, &x, &layer.ffn_norm, cfg.norm, "ffn", |g, h| {
+                    self.feed_forward(g, &layer.ffn, h)
                 })
             })?;
         }
@@ -633,71 +633,65 @@ impl Exporter<'_> {
             let past_k = g.input(&names::past(&key_state), ElemType::F32, &past_axes);
             let past_v = g.input(&names::past(&value_state), ElemType::F32, &past_axes);
             x = g.scoped(&format!("decoder.layers.{i}"), |g| -> Result<String> {
-                let x = g.scoped("self_attn", |g| {
-                    residual(
-                        g,
-                        &x,
-                        &layer.self_attn_norm,
-                        cfg.norm,
-                        "self_attn_norm",
-                        |g, h| {
-                            let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
-                            let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
-                            let (present_k, present_v) =
-                                (names::present(&key_state), names::present(&value_state));
-                            g.op_into(
-                                "Concat",
-                                &[&past_k, &k],
-                                vec![attr_int("axis", 2)],
-                                &present_k,
-                            );
-                            g.op_into(
-                                "Concat",
-                                &[&past_v, &v],
-                                vec![attr_int("axis", 2)],
-                                &present_v,
-                            );
-                            let relative = match (&layer.self_attn.relative, &relative_rows) {
-                                (Some(tables), Some(rows)) => {
-                                    let (keys, values) = self.gather_relative(g, tables, rows)?;
-                                    Some(Relative::Step { keys, values })
-                                }
-                                _ => None,
-                            };
-                            self.attend(
-                                g,
-                                &layer.self_attn,
-                                h,
-                                (&present_k, &present_v),
-                                &self_bias,
-                                relative.as_ref(),
-                            )
-                        },
-                    )
-                })?;
-                let x = g.scoped("cross_attn", |g| {
-                    residual(
-                        g,
-                        &x,
-                        &layer.cross_attn_norm,
-                        cfg.norm,
-                        "cross_attn_norm",
-                        |g, h| {
-                            self.attend(
-                                g,
-                                &layer.cross_attn,
-                                h,
-                                (&cross_k, &cross_v),
-                                &cross_bias,
-                                None,
-                            )
-                        },
-                    )
-                })?;
-                g.scoped("ffn", |g| {
-                    residual(g, &x, &layer.ffn_norm, cfg.norm, "ffn_norm", |g, h| {
-                        self.feed_forward(g, &layer.ffn, h)
-                    })
+                let x = residual(
+                    g,
+                    &x,
+                    &layer.self_attn_norm,
+                    cfg.norm,
+                    "self_attn",
+                    |g, h| {
+                        let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
+                        let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
+                        let (present_k, present_v) =
+                            (names::present(&key_state), names::present(&value_state));
+                        g.op_into(
+                            "Concat",
+                            &[&past_k, &k],
+                            vec![attr_int("axis", 2)],
+                            &present_k,
+                        );
+                        g.op_into(
+                            "Concat",
+                            &[&past_v, &v],
+                            vec![attr_int("axis", 2)],
+                            &present_v,
+                        );
+                        let relative = match (&layer.self_attn.relative, &relative_rows) {
+                            (Some(tables), Some(rows)) => {
+                                let (keys, values) = self.gather_relative(g, tables, rows)?;
+                                Some(Relative::Step { keys, values })
+                            }
+                            _ => None,
+                        };
+                        self.attend(
+                            g,
+                            &layer.self_attn,
+                            h,
+                            (&present_k, &present_v),
+                            &self_bias,
+                            relative.as_ref(),
+                        )
+                    },
+                )?;
+                let x = residual(
+                    g,
+                    &x,
+                    &layer.cross_attn_norm,
+                    cfg.norm,
+                    "cross_attn",
+                    |g, h| {
+                        self.attend(
+                            g,
+                            &layer.cross_attn,
+                            h,
+                            (&cross_k, &cross_v),
+                            &cross_bias,
+                            None,
+                        )
+                    },
+                )?;
+                residual(g, &x, &layer.ffn_norm, cfg.norm, "ffn", |g, h| {
+                    self.feed_forward(g, &layer.ffn, h)
                 })
             })?;
             g.output(

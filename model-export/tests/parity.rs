@@ -1,7 +1,8 @@
 //! The exported graphs against the candle forward pass they were written from, on a tiny model
 //! trained for real on real verses: teacher-forced logits within 1e-4, identical greedy
-//! outputs (KV-cached ONNX steps vs candle's full-prefix recomputation), and the `onnx`
-//! checker's approval.
+//! outputs (KV-cached ONNX steps vs candle's full-prefix recomputation), the `onnx`
+//! checker's approval, and the weights read back from the package (`nmt-export checkpoint`)
+//! equal to the checkpoint's.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -176,6 +177,51 @@ fn check_serving(package: &Path, manifest: &Manifest, examples: &[Example]) {
 /// Trains `preset` for a few hundred steps on real verses, exports it, and holds ONNX
 /// Runtime to candle: teacher-forced logits within [`LOGIT_TOLERANCE`], greedy outputs
 /// identical, on test verses and a source longer than any in training.
+/// `nmt-export checkpoint` gives back the exported checkpoint's weights bit for bit (and
+/// refuses the recurrent presets, whose gates the export reorders).
+fn check_reads_back(package: &Path, checkpoint: &Path, work: &Path) {
+    let args = model_export::checkpoint::CheckpointArgs {
+        package: package.to_path_buf(),
+        out: work.join("read-back"),
+    };
+    let config = nmt_train::train::checkpoint::load_config(checkpoint).unwrap();
+    let recurrent = config.architecture != model_package::Architecture::Transformer
+        || config.recurrent_position != model_package::RecurrentPosition::None;
+    let result = model_export::checkpoint::checkpoint_from_package(&args);
+    if recurrent {
+        assert!(
+            result.is_err(),
+            "{}: a recurrent package was read back",
+            config.preset
+        );
+        return;
+    }
+    result.unwrap();
+    assert_eq!(
+        nmt_train::train::checkpoint::load_config(&args.out).unwrap(),
+        config
+    );
+    let weights_file = nmt_train::train::checkpoint::WEIGHTS_FILE;
+    let trained =
+        candle_core::safetensors::load(checkpoint.join(weights_file), &Device::Cpu).unwrap();
+    let read = candle_core::safetensors::load(args.out.join(weights_file), &Device::Cpu).unwrap();
+    let mut keys: Vec<&String> = trained.keys().collect();
+    keys.sort();
+    assert_eq!(keys, {
+        let mut k: Vec<&String> = read.keys().collect();
+        k.sort();
+        k
+    });
+    for key in keys {
+        let values = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(trained[key].dims(), read[key].dims(), "{key}");
+        assert!(
+            values(&trained[key]) == values(&read[key]),
+            "{key} differs after the round trip"
+        );
+    }
+}
+
 fn check_parity(preset: &str) {
     // Enough steps for distinct outputs, few enough for twelve presets in a test run.
     check_parity_after(preset, 100)
@@ -198,6 +244,7 @@ fn check_parity_after(preset: &str, steps: usize) {
     })
     .unwrap();
     let manifest = Manifest::load(&package).unwrap();
+    check_reads_back(&package, &run.checkpoint, work.path());
 
     let checker = std::process::Command::new("python3")
         .arg("-c")

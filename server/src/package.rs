@@ -145,22 +145,26 @@ impl TextCodec {
             .tokenizer
             .encode_fast(text, false)
             .map_err(|e| e.to_string())?;
-        if !fast.get_ids().iter().any(|id| self.control.contains(id)) {
+        let spells_unk = text.contains(special::UNK_TOKEN);
+        if !spells_unk && !fast.get_ids().iter().any(|id| self.control.contains(id)) {
             return Ok(fast.get_ids().to_vec());
         }
-        // ...but a Unigram or BPE model whose vocabulary holds `</s>` as a piece still finds
-        // it in the text: spell such pieces out character by character.
+        // ...but a Unigram or BPE model whose vocabulary holds `</s>` or `<unk>` as a piece
+        // still finds it in the text: spell such pieces out character by character. (`<unk>`
+        // stays the id of characters the vocabulary lacks; only the written word is spelled.)
         let encoding = self
             .tokenizer
             .encode(text, false)
             .map_err(|e| e.to_string())?;
         let mut ids = Vec::with_capacity(encoding.len() + 8);
         for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
-            if !self.control.contains(&id) {
+            let span = text.get(start..end).unwrap_or_default();
+            let written_unk = Some(id) == self.unk && span == special::UNK_TOKEN;
+            if !self.control.contains(&id) && !written_unk {
                 ids.push(id);
                 continue;
             }
-            for ch in text.get(start..end).unwrap_or_default().chars() {
+            for ch in span.chars() {
                 let piece = self
                     .tokenizer
                     .token_to_id(ch.encode_utf8(&mut [0; 4]))
@@ -204,6 +208,16 @@ mod tests {
             for control in [special::PAD, special::BOS, special::EOS] {
                 assert!(!ids.contains(&control), "{text}: {ids:?}");
             }
+        }
+        // The vocabulary holds `<unk>` as a piece too: the written word is spelled out, its
+        // letters kept, not read as the unknown-text token.
+        for text in ["<unk>", "a <unk> b"] {
+            let ids = codec.encode(text).unwrap();
+            assert!(ids.len() > 1, "{text}: {ids:?}");
+            assert!(
+                codec.decode(&ids).unwrap().contains("unk"),
+                "{text}: {ids:?}"
+            );
         }
         // Plain text tokenizes as the model was trained.
         let plain = "Jesus wept, and the <b>Lord</b> heard.";

@@ -11,10 +11,10 @@ use nmt_server::infer::{source_ids, RequestLimits};
 use nmt_server::length::{self, LengthModel, LengthPlan, LengthRequest};
 use nmt_server::onnx::{self, Device, OrtBackend, SessionOptions};
 use nmt_server::package::{ModelPackage, TextCodec};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How one sentence ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// The model produced EOS.
@@ -27,7 +27,7 @@ pub enum Outcome {
 }
 
 /// One translated sentence.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Translation {
     pub text: String,
     pub source_tokens: usize,
@@ -40,7 +40,7 @@ pub struct Translation {
 }
 
 /// What the report says about a package.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PackageInfo {
     pub dir: PathBuf,
     pub name: String,

@@ -1,0 +1,109 @@
+//! A package's translations saved beside its hypotheses (`<out>/<label>/decoded.json`), to
+//! be scored again without the package: other buckets, another baseline, a report that
+//! gathers runs of several sessions (the position study keeps these files in the repo,
+//! where the packages would be too large). `--package` takes the file in place of a
+//! package directory.
+
+use std::fs;
+use std::path::Path;
+
+use anyhow::{ensure, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::run::{Decoded, EvalSet};
+
+/// Bumped when the saved fields change meaning.
+const FORMAT: u32 = 1;
+pub const FILE_NAME: &str = "decoded.json";
+
+/// What a saved decoding was decoded from and how: scoring it for another set, or with
+/// other decoding flags, would compare unlike things.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Provenance {
+    format: u32,
+    set: String,
+    /// sha256 of the source sentences, one a line (after `--limit`).
+    sources_sha256: String,
+    length_ask: Option<String>,
+    beyond_input_limit: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SavedDecoding {
+    provenance: Provenance,
+    decoded: Decoded,
+}
+
+fn provenance(set: &EvalSet, length_ask: Option<String>, beyond_input_limit: bool) -> Provenance {
+    let mut hasher = Sha256::new();
+    for source in &set.data.sources {
+        hasher.update(source.as_bytes());
+        hasher.update(b"\n");
+    }
+    Provenance {
+        format: FORMAT,
+        set: set.name.clone(),
+        sources_sha256: format!("{:x}", hasher.finalize()),
+        length_ask,
+        beyond_input_limit,
+    }
+}
+
+/// Writes `decoded` to `dir/decoded.json`.
+pub fn save(
+    dir: &Path,
+    set: &EvalSet,
+    decoded: &Decoded,
+    length_ask: Option<String>,
+    beyond_input_limit: bool,
+) -> Result<()> {
+    let path = dir.join(FILE_NAME);
+    let saved = SavedDecoding {
+        provenance: provenance(set, length_ask, beyond_input_limit),
+        decoded: decoded.clone(),
+    };
+    fs::write(&path, serde_json::to_vec(&saved)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Reads a saved decoding of this set, made with these flags. Its long-input groups are
+/// dropped when this run scores none, and must match when it does.
+pub fn load(
+    path: &Path,
+    set: &EvalSet,
+    length_ask: Option<String>,
+    beyond_input_limit: bool,
+) -> Result<Decoded> {
+    let text = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let saved: SavedDecoding =
+        serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let expected = provenance(set, length_ask, beyond_input_limit);
+    ensure!(
+        saved.provenance == expected,
+        "{} was decoded otherwise: saved {:?}, this run {:?}",
+        path.display(),
+        saved.provenance,
+        expected
+    );
+    let mut decoded = saved.decoded;
+    match &set.concat {
+        None => decoded.concat.clear(),
+        Some(concat) => {
+            let saved_groups: usize = decoded.concat.iter().map(|c| c.references.len()).sum();
+            ensure!(
+                saved_groups == concat.groups.len(),
+                "{} holds {saved_groups} long-input groups, this run scores {} \
+                 (--no-concat scores it without them)",
+                path.display(),
+                concat.groups.len()
+            );
+        }
+    }
+    Ok(decoded)
+}
+
+/// Whether `--package` names a saved decoding rather than a package directory.
+pub fn is_saved(path: &Path) -> bool {
+    path.is_file()
+}
