@@ -212,18 +212,15 @@ class Eval:
         self.paired_concat = {(p["system"], p["n_verses"]): p for p in paired.get("by_n_verses", [])}
         self.paired_overall = {p["label"]: p for p in paired.get("systems", [])}
 
-    def label(self, run):
-        """The system label of a run (nmt-eval labels packages by their manifest name)."""
-        if run in self.systems:
-            return run
-        raise KeyError(f"{run} not in {self.path}: {sorted(self.systems)}")
-
     def buckets(self):
         first = next(iter(self.systems.values()))
         return [b["bucket"] for b in first["by_source_length"]]
 
     def bleu(self, run, bucket=None):
-        s = self.systems[self.label(run)]
+        """None for a run not (yet) in this evaluation: the study fills in over sessions."""
+        if run not in self.systems:
+            return None
+        s = self.systems[run]
         if bucket is None:
             return s["overall"]["bleu"]["score"]
         for b in s["by_source_length"]:
@@ -239,7 +236,9 @@ class Eval:
         return 0
 
     def concat(self, run, n):
-        for c in self.systems[self.label(run)]["concat"]:
+        if run not in self.systems:
+            return None
+        for c in self.systems[run]["concat"]:
             if c["n_verses"] == n:
                 return c
         return None
@@ -285,7 +284,7 @@ def verdict(delta, p):
     """held / not held / inconclusive, from a difference the claim says is positive and its
     bootstrap p-value."""
     if delta is None:
-        return "not measured"
+        return "not measured yet (a model it needs is not recorded)"
     agrees = delta > 0
     if p is not None and p < SIGNIFICANCE:
         return "**held**" if agrees else "**did not hold** (significant in the other direction)"
@@ -308,9 +307,10 @@ def training_rows(record, runs):
     rows = []
     for run in runs:
         path = os.path.join(record, "runs", run, "report.json")
-        if not os.path.exists(path):
+        try:
+            r = load(path)
+        except (OSError, ValueError):
             continue
-        r = load(path)
         st = r["state"]
         rows.append(
             f"| {run} | {r['parameters']:,} | {st['step']} | {st['train_pairs']:,} | "
@@ -477,7 +477,10 @@ def findings(ev_all, ev_short, study, cap, lines):
         ))
         d_in = drop(t_in, r_in)
         p_in = ev_short.p_bucket("rel-transformer.short", inside)
-        same = "held" if p_in is None or p_in >= SIGNIFICANCE else "**did not hold**"
+        if d_in is None:
+            same = "not measured yet (a model it needs is not recorded)"
+        else:
+            same = "held" if p_in is None or p_in >= SIGNIFICANCE else "**did not hold**"
         out.append(
             f"2. **Within the training lengths the two are equal.** Rel minus Transformer at {inside}: "
             f"{fmt(d_in)} (p = {fmt(p_in, 3)}). Paper: {PAPERS['rosendahl_t2_in']}. Verdict: {same}."

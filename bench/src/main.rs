@@ -18,14 +18,19 @@
 //!
 //! `nmt-bench overload` is the other benchmark: open-loop request rates against one server
 //! (started like these, or already running), to see its admission control shed the load it
-//! cannot finish (see `overload/mod.rs`).
+//! cannot finish (see `overload/mod.rs`). `nmt-bench beside-large` runs closed-loop clients of
+//! one verse per request alone, then beside one client of large requests (64 texts each), to
+//! see whether the large requests take the small ones' share of the batch (see
+//! `beside_large/mod.rs`).
 //!
 //! This is a benchmark to run by hand on an otherwise idle machine, not a test.
 
+mod beside_large;
 mod load;
 mod overload;
 mod report;
 mod server;
+mod single_server;
 mod stats;
 mod verses;
 
@@ -46,7 +51,8 @@ use crate::server::{server_args, wait_ready, Fleet, Server};
 /// clients (cells interleaved, the mode order alternating from level to level to cancel drift);
 /// prints target tokens/s, requests/s and latency percentiles as a markdown table.
 /// `nmt-bench overload` instead offers open-loop request rates to one server and reports what
-/// its admission control makes of them.
+/// its admission control makes of them; `nmt-bench beside-large` measures small requests alone
+/// and beside one client of large requests (64 texts each).
 ///
 /// Run it from the workspace root on an otherwise idle machine, after
 /// `source scripts/env.sh` (the server needs ORT_DYLIB_PATH) and
@@ -115,9 +121,10 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     Overload(overload::OverloadArgs),
+    BesideLarge(beside_large::BesideLargeArgs),
 }
 
-/// What both the closed-loop benchmark and `overload` take: the inputs, the server, the
+/// What the closed-loop benchmark, `overload` and `beside-large` take: the inputs, the server, the
 /// clients.
 #[derive(Debug, clap::Args)]
 struct CommonArgs {
@@ -212,6 +219,7 @@ fn main() -> ExitCode {
     let mut args = Args::parse();
     let outcome = match args.command.take() {
         Some(Command::Overload(o)) => overload::run(o),
+        Some(Command::BesideLarge(b)) => beside_large::run(b),
         None => run(args),
     };
     match outcome {
@@ -224,13 +232,30 @@ fn main() -> ExitCode {
     }
 }
 
+/// How long a benchmark's parts last, from its arguments.
+struct Durations {
+    /// The measured window of each cell, phase or rate (`--seconds`).
+    measure: Duration,
+    /// The load sent before each measured window, not measured (`--warmup-seconds`).
+    warmup: Duration,
+    /// `--startup-timeout-seconds`.
+    startup_timeout: Duration,
+    /// `--request-timeout-seconds`.
+    request_timeout: Duration,
+}
+
 impl CommonArgs {
-    /// `--startup-timeout-seconds` and `--request-timeout-seconds`.
-    fn timeouts(&self) -> Result<(Duration, Duration)> {
-        Ok((
-            secs(self.startup_timeout_seconds, "--startup-timeout-seconds")?,
-            secs(self.request_timeout_seconds, "--request-timeout-seconds")?,
-        ))
+    /// Checks the arguments every benchmark checks alike (its `--seconds`, `--client-threads`)
+    /// and reads its durations: `seconds` and `warmup_seconds` are the command's own.
+    fn durations(&self, seconds: f64, warmup_seconds: f64) -> Result<Durations> {
+        ensure!(seconds > 0.0, "--seconds must be positive");
+        ensure!(self.client_threads > 0, "--client-threads must be positive");
+        Ok(Durations {
+            measure: secs(seconds, "--seconds")?,
+            warmup: secs(warmup_seconds, "--warmup-seconds")?,
+            startup_timeout: secs(self.startup_timeout_seconds, "--startup-timeout-seconds")?,
+            request_timeout: secs(self.request_timeout_seconds, "--request-timeout-seconds")?,
+        })
     }
 }
 
@@ -257,14 +282,12 @@ fn run(args: Args) -> Result<bool> {
         !args.clients.is_empty() && args.clients.iter().all(|&c| c > 0),
         "--clients must be positive numbers"
     );
-    ensure!(args.seconds > 0.0, "--seconds must be positive");
-    ensure!(
-        args.common.client_threads > 0,
-        "--client-threads must be positive"
-    );
-    let measure = secs(args.seconds, "--seconds")?;
-    let warmup = secs(args.warmup_seconds, "--warmup-seconds")?;
-    let (startup_timeout, request_timeout) = args.common.timeouts()?;
+    let Durations {
+        measure,
+        warmup,
+        startup_timeout,
+        request_timeout,
+    } = args.common.durations(args.seconds, args.warmup_seconds)?;
 
     let verses = verses::load(&args.common.verses)?;
     let bodies = request_bodies(&verses);
@@ -274,12 +297,7 @@ fn run(args: Args) -> Result<bool> {
 
     let runtime = client_runtime(args.common.client_threads)?;
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(max_clients.max(8))
-        .pool_idle_timeout(Duration::from_secs(120))
-        .tcp_nodelay(true)
-        .no_proxy()
-        .build()?;
+    let client = http_client(max_clients.max(8), Duration::from_secs(120))?;
 
     let mut results = Vec::new();
     let mut model = None;
@@ -416,13 +434,7 @@ fn run(args: Args) -> Result<bool> {
         results,
         ratios,
     };
-    emit(
-        &report,
-        report::tables(&report),
-        || report::markdown(&report),
-        args.out_md.as_deref(),
-        args.out_json.as_deref(),
-    )?;
+    emit(&report, args.out_md.as_deref(), args.out_json.as_deref())?;
     Ok(all_ok)
 }
 
@@ -450,6 +462,21 @@ fn client_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()
+        .build()?)
+}
+
+/// The clients' HTTP client: up to `pool_max_idle_per_host` connections kept open for
+/// `pool_idle_timeout` once idle, so that clients reuse them instead of reconnecting; no
+/// Nagle delay on the small requests; no proxy between the bench and the server.
+fn http_client(
+    pool_max_idle_per_host: usize,
+    pool_idle_timeout: Duration,
+) -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .pool_max_idle_per_host(pool_max_idle_per_host)
+        .pool_idle_timeout(pool_idle_timeout)
+        .tcp_nodelay(true)
+        .no_proxy()
         .build()?)
 }
 
@@ -617,17 +644,21 @@ fn file_safe(name: &str) -> String {
         .collect()
 }
 
-/// Prints a report's tables and writes its markdown and JSON where asked.
-fn emit<R: serde::Serialize>(
-    report: &R,
-    tables: String,
-    markdown: impl FnOnce() -> String,
-    out_md: Option<&Path>,
-    out_json: Option<&Path>,
-) -> Result<()> {
-    println!("{tables}");
+/// A benchmark's report, as [`emit`] prints and writes it. The renderers are its report
+/// module's `tables` and `markdown` functions, which stay free functions for their tests.
+trait Document: serde::Serialize {
+    /// The tables, as printed on stdout.
+    const TABLES: fn(&Self) -> String;
+    /// The Markdown document of `--out-md`: how the run was made, then the tables.
+    const MARKDOWN: fn(&Self) -> String;
+}
+
+/// Prints a report's tables and writes its Markdown (`--out-md`) and JSON (`--out-json`)
+/// where asked. The Markdown is only made when it is written.
+fn emit<R: Document>(report: &R, out_md: Option<&Path>, out_json: Option<&Path>) -> Result<()> {
+    println!("{}", R::TABLES(report));
     if let Some(path) = out_md {
-        write(path, &markdown())?;
+        write(path, &R::MARKDOWN(report))?;
     }
     if let Some(path) = out_json {
         write(path, &(serde_json::to_string_pretty(report)? + "\n"))?;
@@ -678,6 +709,27 @@ mod tests {
         assert_eq!(a.common.server_arg, ["--intra-op-threads", "1"]);
         assert_eq!(a.common.server_args_trailing, ["--queue-capacity", "512"]);
         assert!(a.command.is_none());
+    }
+
+    #[test]
+    fn durations_check_what_every_benchmark_checks() {
+        let a = Args::try_parse_from(["nmt-bench"]).unwrap();
+        let d = a.common.durations(20.0, 3.0).unwrap();
+        assert_eq!(d.measure, Duration::from_secs(20));
+        assert_eq!(d.warmup, Duration::from_secs(3));
+        assert_eq!(d.startup_timeout, Duration::from_secs(180));
+        assert_eq!(d.request_timeout, Duration::from_secs(120));
+        let error = |r: Result<Durations>| r.err().expect("an error").to_string();
+        assert_eq!(
+            error(a.common.durations(0.0, 3.0)),
+            "--seconds must be positive"
+        );
+        assert!(error(a.common.durations(1.0, -1.0)).starts_with("--warmup-seconds: bad number"));
+        let a = Args::try_parse_from(["nmt-bench", "--client-threads", "0"]).unwrap();
+        assert_eq!(
+            error(a.common.durations(1.0, 0.0)),
+            "--client-threads must be positive"
+        );
     }
 
     #[test]

@@ -33,6 +33,11 @@ pub struct Report {
     pub ratios: Vec<Ratio>,
 }
 
+impl crate::Document for Report {
+    const TABLES: fn(&Self) -> String = tables;
+    const MARKDOWN: fn(&Self) -> String = markdown;
+}
+
 /// The server arguments of one mode.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeArgs {

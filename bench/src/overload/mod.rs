@@ -17,20 +17,17 @@ pub mod summary;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Result};
 
-use self::report::{Calibration, OverloadReport, ServerUnderTest};
+use self::report::{Calibration, OverloadReport};
 use self::schedule::{arrival_offsets, Arrivals, Rate};
 use self::summary::{goal_checks, summarize, RateRun, RateSummary};
 use crate::load::{cell_bar, run_cell, Cell};
-use crate::server::{self as srv, server_args, Server};
+use crate::single_server::{RunHeader, RunNames, ServerSource, SingleServerArgs, StartedServer};
 use crate::stats::CellSummary;
-use crate::{
-    client_runtime, emit, interrupted, log_paths, nproc, request_bodies, secs, start_server,
-    warn_without_ort, CommonArgs,
-};
+use crate::{client_runtime, emit, http_client, request_bodies, secs, CommonArgs};
 
 /// Open-loop overload: offers each of `--rates` to one server (started here, or `--url`) for
 /// `--seconds`, requests sent on schedule however many are outstanding, and reports the
@@ -84,22 +81,8 @@ pub struct OverloadArgs {
     #[arg(long, env = "NMT_BENCH_TARGET_WAIT")]
     target_wait: Option<f64>,
 
-    /// Drive the server already running at this base URL (e.g. `http://127.0.0.1:8080`)
-    /// instead of starting one. The server arguments are then not used to start anything, only
-    /// read for `--target-wait` and `--saturation-clients`: give the flags that server runs
-    /// with.
-    #[arg(long, env = "NMT_BENCH_URL")]
-    url: Option<String>,
-
-    /// A JSON object whose fields every request carries beside `text`, e.g.
-    /// `{"target_length":"source"}` to spare a length-aware model its length predictor.
-    #[arg(long, env = "NMT_BENCH_REQUEST_FIELDS", value_parser = parse_fields)]
-    request_fields: Option<RequestFields>,
-
-    /// Batching mode of the server the bench starts (`--batching MODE`); `default` passes no
-    /// `--batching` flag.
-    #[arg(long, env = "NMT_BENCH_MODE", default_value = "continuous")]
-    mode: String,
+    #[command(flatten)]
+    server: SingleServerArgs,
 
     #[command(flatten)]
     common: CommonArgs,
@@ -119,7 +102,22 @@ pub struct OverloadArgs {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestFields(serde_json::Map<String, serde_json::Value>);
 
-fn parse_fields(s: &str) -> Result<RequestFields, String> {
+impl RequestFields {
+    /// A request body: `text` (one text or a list) beside these fields.
+    pub fn body(&self, text: serde_json::Value) -> String {
+        let mut body = self.0.clone();
+        body.insert("text".into(), text);
+        serde_json::Value::Object(body).to_string()
+    }
+
+    /// The fields as one JSON object (for reports).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(self.0.clone())
+    }
+}
+
+/// `--request-fields`: a JSON object without `text`.
+pub fn parse_fields(s: &str) -> Result<RequestFields, String> {
     match serde_json::from_str::<serde_json::Value>(s) {
         Ok(serde_json::Value::Object(map)) if map.contains_key("text") => {
             Err("`text` is the verse; give the other fields".into())
@@ -131,18 +129,14 @@ fn parse_fields(s: &str) -> Result<RequestFields, String> {
 }
 
 /// One body per verse: `{"text": verse}` plus `fields`.
-fn bodies_with(verses: &[String], fields: Option<&RequestFields>) -> Arc<Vec<String>> {
-    let Some(RequestFields(fields)) = fields else {
+pub fn bodies_with(verses: &[String], fields: Option<&RequestFields>) -> Arc<Vec<String>> {
+    let Some(fields) = fields else {
         return request_bodies(verses);
     };
     Arc::new(
         verses
             .iter()
-            .map(|v| {
-                let mut body = fields.clone();
-                body.insert("text".into(), serde_json::Value::from(v.as_str()));
-                serde_json::Value::Object(body).to_string()
-            })
+            .map(|v| fields.body(serde_json::Value::from(v.as_str())))
             .collect(),
     )
 }
@@ -167,7 +161,11 @@ fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
 }
 
 /// A setting as the server would see it: its flag in `args`, else its environment variable.
-fn setting(args: &[String], flag: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+pub fn setting(
+    args: &[String],
+    flag: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
     let var = format!(
         "NMT_{}",
         flag.trim_start_matches('-')
@@ -231,18 +229,56 @@ fn saturation_clients(
     ))
 }
 
+/// What the run takes from the server's settings (its arguments and environment) unless
+/// given: the goal's target wait and the calibration's clients, each with where it came from.
+struct ServerSettings {
+    target_wait_seconds: f64,
+    target_wait_source: String,
+    saturation_clients: usize,
+    saturation_clients_rule: String,
+}
+
+/// This run's [`ServerSettings`]: the arguments that give them, else the server's.
+fn server_settings(args: &OverloadArgs) -> Result<ServerSettings> {
+    let env = |k: &str| std::env::var(k).ok();
+    let extra = args.common.extra_server_args();
+    let (target_wait_seconds, target_wait_source) = match args.target_wait {
+        Some(w) => (w, "--target-wait".to_string()),
+        None => target_wait(&extra, &env)?,
+    };
+    let (saturation_clients, saturation_clients_rule) =
+        saturation_clients(args.saturation_clients, &extra, &env)?;
+    Ok(ServerSettings {
+        target_wait_seconds,
+        target_wait_source,
+        saturation_clients,
+        saturation_clients_rule,
+    })
+}
+
+/// What the run measured, as far as it got.
+#[derive(Default)]
+struct Measured {
+    calibration: Option<Calibration>,
+    rates: Vec<RateSummary>,
+    /// The model name the server reported.
+    model: Option<String>,
+}
+
+/// How `overload` names itself and what it measures, in what it says on stderr.
+const NAMES: RunNames = RunNames {
+    command: "overload",
+    parts: "rates",
+};
+
 /// Runs the overload benchmark; `Ok(false)` when it could not finish (the report of what
 /// ran is still written).
 pub fn run(args: OverloadArgs) -> Result<bool> {
     ensure!(!args.rates.is_empty(), "--rates is empty");
-    ensure!(args.seconds > 0.0, "--seconds must be positive");
+    let durations = args.common.durations(args.seconds, args.warmup_seconds)?;
     ensure!(
         args.calibrate_seconds > 0.0,
         "--calibrate-seconds must be positive"
-    );
-    ensure!(
-        args.common.client_threads > 0,
-        "--client-threads must be positive"
     );
     ensure!(
         args.saturation_clients != Some(0),
@@ -251,47 +287,73 @@ pub fn run(args: OverloadArgs) -> Result<bool> {
     if let Some(w) = args.target_wait {
         ensure!(w.is_finite() && w > 0.0, "--target-wait must be positive");
     }
-    let measure = secs(args.seconds, "--seconds")?;
-    let warmup = secs(args.warmup_seconds, "--warmup-seconds")?;
     let calibrate = secs(args.calibrate_seconds, "--calibrate-seconds")?;
-    let (startup_timeout, request_timeout) = args.common.timeouts()?;
-    let url = args
-        .url
-        .as_deref()
-        .map(|u| u.trim_end_matches('/').to_string());
-
-    let env = |k: &str| std::env::var(k).ok();
-    let extra = args.common.extra_server_args();
-    let (target_wait_seconds, target_wait_source) = match args.target_wait {
-        Some(w) => (w, "--target-wait".to_string()),
-        None => target_wait(&extra, &env)?,
-    };
-    let (sat_clients, sat_rule) = saturation_clients(args.saturation_clients, &extra, &env)?;
-    let sargs = server_args(&args.common.model_dir, &args.mode, &extra);
+    let settings = server_settings(&args)?;
 
     let verses = crate::verses::load(&args.common.verses)?;
-    let bodies = bodies_with(&verses, args.request_fields.as_ref());
-    if url.is_none() {
-        warn_without_ort();
-    }
-    let log_path = log_paths(&args.common.log_dir()?, std::slice::from_ref(&args.mode))
-        .pop()
-        .expect("one mode, one path");
+    let fields = args.server.request_fields.as_ref();
+    let bodies = bodies_with(&verses, fields);
+    let source = ServerSource::new(&args.server, &args.common, &durations, &args.server.mode)?;
 
     let runtime = client_runtime(args.common.client_threads)?;
     // Open loop at 10x keeps hundreds of requests outstanding, each on its own connection;
     // kept idle afterwards they are reused instead of reopened at the next burst.
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(4096)
-        .pool_idle_timeout(Duration::from_secs(60))
-        .tcp_nodelay(true)
-        .no_proxy()
-        .build()?;
+    let client = http_client(4096, Duration::from_secs(60))?;
 
+    announce(&args, verses.len(), &settings);
+    let setup = Setup {
+        args: &args,
+        settings: &settings,
+        warmup: durations.warmup,
+        measure: durations.measure,
+        calibrate,
+        request_timeout: durations.request_timeout,
+    };
+    let mut measured = Measured::default();
+    let finished = source.with_server(&runtime, &client, &NAMES, async |base_url, server| {
+        let target = Target {
+            client: &client,
+            base_url,
+            bodies: &bodies,
+            mode: &args.server.mode,
+        };
+        measure(&target, &setup, &mut measured, server).await
+    });
+
+    let unloaded_p99 = measured
+        .calibration
+        .as_ref()
+        .and_then(|c| c.unloaded_p99_ms);
+    let goal = match unloaded_p99 {
+        Some(u) => goal_checks(&measured.rates, u, settings.target_wait_seconds),
+        None => Vec::new(),
+    };
+    let report = OverloadReport {
+        header: RunHeader::now(&args.common, &source, measured.model),
+        verses_file: args.common.verses.display().to_string(),
+        verses: verses.len(),
+        request_fields: fields.map(RequestFields::to_json),
+        arrivals: args.arrivals,
+        seed: args.seed,
+        warmup_seconds: args.warmup_seconds,
+        seconds: args.seconds,
+        client_timeout_seconds: args.common.request_timeout_seconds,
+        target_wait_seconds: settings.target_wait_seconds,
+        target_wait_source: settings.target_wait_source,
+        calibration: measured.calibration,
+        rates: measured.rates,
+        goal,
+    };
+    emit(&report, args.out_md.as_deref(), args.out_json.as_deref())?;
+    Ok(finished)
+}
+
+/// Says on stderr what the run will do.
+fn announce(args: &OverloadArgs, inputs: usize, settings: &ServerSettings) {
     eprintln!(
         "nmt-bench overload: {} inputs from {}; rates {}; {:?} arrivals; {} s warm-up + {} s per rate; \
          calibration {} s + {} s at 1 and {} clients; target wait {} s ({})",
-        verses.len(),
+        inputs,
         args.common.verses.display(),
         args.rates
             .iter()
@@ -303,204 +365,161 @@ pub fn run(args: OverloadArgs) -> Result<bool> {
         args.seconds,
         args.warmup_seconds,
         args.calibrate_seconds,
-        sat_clients,
-        target_wait_seconds,
-        target_wait_source,
+        settings.saturation_clients,
+        settings.target_wait_seconds,
+        settings.target_wait_source,
     );
+}
 
-    let mut calibration: Option<Calibration> = None;
-    let mut rates: Vec<RateSummary> = Vec::new();
-    let mut model: Option<String> = None;
-    let mut failure: Option<anyhow::Error> = None;
-    let interrupted_run = runtime.block_on(async {
-        let bench = async {
-            // Dropped on an interruption, the server is stopped.
-            let mut server: Option<Server> = None;
-            let outcome: Result<()> = async {
-                let base_url = match &url {
-                    Some(u) => {
-                        check_ready(&client, u, startup_timeout).await?;
-                        u.clone()
-                    }
-                    None => {
-                        let s = start_server(
-                            &client,
-                            &args.common.server_bin,
-                            &sargs,
-                            &log_path,
-                            startup_timeout,
-                        )
-                        .await?;
-                        let u = s.base_url.clone();
-                        server = Some(s);
-                        u
-                    }
-                };
-                let closed = |clients: usize| Cell {
-                    clients,
-                    warmup,
-                    measure: calibrate,
-                    request_timeout,
-                };
-                let (unloaded, m) =
-                    closed_cell(&client, &base_url, &bodies, &args.mode, &closed(1)).await;
-                model = model.take().or(m);
-                alive(server.as_mut())?;
-                let (saturation, m) =
-                    closed_cell(&client, &base_url, &bodies, &args.mode, &closed(sat_clients))
-                        .await;
-                model = model.take().or(m);
-                alive(server.as_mut())?;
-                let sustainable = saturation.requests_per_second;
-                calibration = Some(Calibration {
-                    warmup_seconds: args.warmup_seconds,
-                    seconds: args.calibrate_seconds,
-                    unloaded_p99_ms: unloaded.p99_ms,
-                    unloaded,
-                    saturation,
-                    saturation_clients: sat_clients,
-                    saturation_clients_rule: sat_rule.clone(),
-                    sustainable_per_second: sustainable,
-                });
-                let known = (sustainable > 0.0).then_some(sustainable);
-                for (i, &rate) in args.rates.iter().enumerate() {
-                    let Some(per_second) = rate.per_second(known) else {
-                        bail!("{rate}: the calibration answered no request, so there is no sustainable rate to multiply");
-                    };
-                    let span = warmup + measure;
-                    let offsets = arrival_offsets(
-                        args.arrivals,
-                        per_second,
-                        span,
-                        args.seed.wrapping_add(i as u64),
-                    );
-                    let bar = cell_bar(&rate.to_string(), offsets.len());
-                    bar.set_prefix(format!("{rate} ({per_second:.1} req/s)"));
-                    let plan = driver::Plan {
-                        offsets: &offsets,
-                        warmup,
-                        span,
-                        request_timeout,
-                    };
-                    let run =
-                        driver::run_open(&client, &base_url, Arc::clone(&bodies), plan, &bar)
-                            .await;
-                    model = model.take().or(run.model);
-                    let multiple = match rate {
-                        Rate::Multiple(m) => Some(m),
-                        Rate::PerSecond(r) => known.map(|s| r / s),
-                    };
-                    let mut s = summarize(&RateRun {
-                        rate: rate.to_string(),
-                        multiple,
-                        target_per_second: per_second,
-                        warmup,
-                        span,
-                        drain: run.drain,
-                        samples: &run.samples,
-                    });
-                    s.load_average = report::load_average();
-                    let line = format!(
-                        "offered {:.1} req/s: accepted {:.1}%, shed {:.1}%, {} timed out after acceptance, p99 {} ms, goodput {:.2} req/s",
-                        s.offered_per_second,
-                        s.accepted_share * 100.0,
-                        s.shed_share * 100.0,
-                        s.timed_out_after_acceptance,
-                        s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
-                        s.goodput_per_second,
-                    );
-                    if bar.is_hidden() {
-                        eprintln!("{rate}: {line}");
-                    }
-                    bar.finish_with_message(line);
-                    rates.push(s);
-                    alive(server.as_mut())?;
-                }
-                Ok(())
-            }
-            .await;
-            if let Err(e) = outcome {
-                failure = Some(e);
-            }
-            if let Some(mut s) = server.take() {
-                match tokio::task::spawn_blocking(move || s.stop(Duration::from_secs(30))).await
-                {
-                    Ok(Ok(status)) => eprintln!("server stopped: {status}"),
-                    Ok(Err(e)) => eprintln!("server stop failed: {e:#}"),
-                    Err(e) => eprintln!("stopping the server failed: {e}"),
-                }
-            }
-        };
-        tokio::select! {
-            () = bench => false,
-            () = interrupted() => true,
-        }
+/// The calibration, then every rate, into `measured` as each finishes (what ran before a
+/// failure is still reported); the started server is checked after each.
+async fn measure(
+    target: &Target<'_>,
+    setup: &Setup<'_>,
+    measured: &mut Measured,
+    server: &mut StartedServer,
+) -> Result<()> {
+    let c = run_calibration(target, setup, &mut measured.model, server).await?;
+    let known = (c.sustainable_per_second > 0.0).then_some(c.sustainable_per_second);
+    measured.calibration = Some(c);
+    for (i, &rate) in setup.args.rates.iter().enumerate() {
+        let seed = setup.args.seed.wrapping_add(i as u64);
+        let (s, m) = run_rate(target, setup, rate, known, seed).await?;
+        measured.model = measured.model.take().or(m);
+        measured.rates.push(s);
+        server.check_alive()?;
+    }
+    Ok(())
+}
+
+/// The server the requests go to, and what they carry.
+struct Target<'a> {
+    client: &'a reqwest::Client,
+    base_url: &'a str,
+    bodies: &'a Arc<Vec<String>>,
+    /// The batching mode, for the calibration cells' summaries.
+    mode: &'a str,
+}
+
+/// What the measurements follow: the arguments, the server's settings, and how long each
+/// part of the run lasts.
+struct Setup<'a> {
+    args: &'a OverloadArgs,
+    settings: &'a ServerSettings,
+    /// Load before each measured window, at the same rate (sent, not measured).
+    warmup: Duration,
+    /// Measured window of each rate.
+    measure: Duration,
+    /// Measured window of each calibration cell.
+    calibrate: Duration,
+    /// The bench's own per-request timeout.
+    request_timeout: Duration,
+}
+
+/// The calibration: one closed-loop client (the unloaded p99), then the saturation clients,
+/// whose throughput is the sustainable rate. The model name the server reported goes into
+/// `model` after each cell, and the started server is checked after each, so that what ran
+/// before a failure is still reported.
+async fn run_calibration(
+    target: &Target<'_>,
+    setup: &Setup<'_>,
+    model: &mut Option<String>,
+    server: &mut StartedServer,
+) -> Result<Calibration> {
+    let closed = |clients: usize| Cell {
+        clients,
+        warmup: setup.warmup,
+        measure: setup.calibrate,
+        request_timeout: setup.request_timeout,
+    };
+    let (unloaded, m) = closed_cell(target, &closed(1)).await;
+    *model = model.take().or(m);
+    server.check_alive()?;
+    let sat_clients = setup.settings.saturation_clients;
+    let (saturation, m) = closed_cell(target, &closed(sat_clients)).await;
+    *model = model.take().or(m);
+    server.check_alive()?;
+    let sustainable = saturation.requests_per_second;
+    Ok(Calibration {
+        warmup_seconds: setup.args.warmup_seconds,
+        seconds: setup.args.calibrate_seconds,
+        unloaded_p99_ms: unloaded.p99_ms,
+        unloaded,
+        saturation,
+        saturation_clients: sat_clients,
+        saturation_clients_rule: setup.settings.saturation_clients_rule.clone(),
+        sustainable_per_second: sustainable,
+    })
+}
+
+/// One rate, open loop: arrivals on schedule (`seed` for Poisson) over the warm-up and the
+/// measured window, every request followed to its end. `known` is the sustainable rate
+/// (requests/s) that `Nx` multiplies, when the calibration found one. Returns the rate's
+/// summary and the model name the server reported.
+async fn run_rate(
+    target: &Target<'_>,
+    setup: &Setup<'_>,
+    rate: Rate,
+    known: Option<f64>,
+    seed: u64,
+) -> Result<(RateSummary, Option<String>)> {
+    let Some(per_second) = rate.per_second(known) else {
+        bail!("{rate}: the calibration answered no request, so there is no sustainable rate to multiply");
+    };
+    let (warmup, span) = (setup.warmup, setup.warmup + setup.measure);
+    let offsets = arrival_offsets(setup.args.arrivals, per_second, span, seed);
+    let bar = cell_bar(&rate.to_string(), offsets.len());
+    bar.set_prefix(format!("{rate} ({per_second:.1} req/s)"));
+    let plan = driver::Plan {
+        offsets: &offsets,
+        warmup,
+        span,
+        request_timeout: setup.request_timeout,
+    };
+    let run = driver::run_open(
+        target.client,
+        target.base_url,
+        Arc::clone(target.bodies),
+        plan,
+        &bar,
+    )
+    .await;
+    let multiple = match rate {
+        Rate::Multiple(m) => Some(m),
+        Rate::PerSecond(r) => known.map(|s| r / s),
+    };
+    let mut s = summarize(&RateRun {
+        rate: rate.to_string(),
+        multiple,
+        target_per_second: per_second,
+        warmup,
+        span,
+        drain: run.drain,
+        samples: &run.samples,
     });
-    let mut all_ok = true;
-    if let Some(e) = &failure {
-        eprintln!("nmt-bench overload: {e:#}\n(the rates that ran are reported)");
-        all_ok = false;
+    s.load_average = report::load_average();
+    let line = format!(
+        "offered {:.1} req/s: accepted {:.1}%, shed {:.1}%, {} timed out after acceptance, p99 {} ms, goodput {:.2} req/s",
+        s.offered_per_second,
+        s.accepted_share * 100.0,
+        s.shed_share * 100.0,
+        s.timed_out_after_acceptance,
+        s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
+        s.goodput_per_second,
+    );
+    if bar.is_hidden() {
+        eprintln!("{rate}: {line}");
     }
-    if interrupted_run {
-        eprintln!("nmt-bench overload: interrupted; partial results follow");
-        all_ok = false;
-    }
-
-    let goal = match calibration.as_ref().and_then(|c| c.unloaded_p99_ms) {
-        Some(u) => goal_checks(&rates, u, target_wait_seconds),
-        None => Vec::new(),
-    };
-    let report = OverloadReport {
-        date: crate::report::utc_now(),
-        command_line: crate::report::shell_join(&std::env::args().collect::<Vec<_>>()),
-        cpu_model: report::cpu_model(),
-        nproc: nproc(),
-        client_threads: args.common.client_threads,
-        server: ServerUnderTest {
-            bin: url
-                .is_none()
-                .then(|| args.common.server_bin.display().to_string()),
-            args: if url.is_none() { sargs } else { extra },
-            url,
-        },
-        model,
-        verses_file: args.common.verses.display().to_string(),
-        verses: verses.len(),
-        request_fields: args
-            .request_fields
-            .map(|RequestFields(f)| serde_json::Value::Object(f)),
-        arrivals: args.arrivals,
-        seed: args.seed,
-        warmup_seconds: args.warmup_seconds,
-        seconds: args.seconds,
-        client_timeout_seconds: args.common.request_timeout_seconds,
-        target_wait_seconds,
-        target_wait_source,
-        calibration,
-        rates,
-        goal,
-    };
-    emit(
-        &report,
-        report::tables(&report),
-        || report::markdown(&report),
-        args.out_md.as_deref(),
-        args.out_json.as_deref(),
-    )?;
-    Ok(all_ok)
+    bar.finish_with_message(line);
+    Ok((s, run.model))
 }
 
 /// One closed-loop calibration cell: its summary and the model name the server reported.
-async fn closed_cell(
-    client: &reqwest::Client,
-    base_url: &str,
-    bodies: &Arc<Vec<String>>,
-    mode: &str,
-    cell: &Cell,
-) -> (CellSummary, Option<String>) {
+async fn closed_cell(target: &Target<'_>, cell: &Cell) -> (CellSummary, Option<String>) {
     let bar = cell_bar("calibration", cell.clients);
-    let run = run_cell(client, base_url, Arc::clone(bodies), cell, &bar).await;
-    let s = crate::stats::summarize(mode, cell.clients, &run.samples, run.wall);
+    let bodies = Arc::clone(target.bodies);
+    let run = run_cell(target.client, target.base_url, bodies, cell, &bar).await;
+    let s = crate::stats::summarize(target.mode, cell.clients, &run.samples, run.wall);
     let line = format!(
         "{} req, {} err, {:.2} req/s, {:.0} tok/s, p50 {} ms, p99 {} ms",
         s.requests,
@@ -515,46 +534,6 @@ async fn closed_cell(
     }
     bar.finish_with_message(line);
     (s, run.model)
-}
-
-/// Fails when the server the bench started has exited: what it measured is not the server's.
-fn alive(server: Option<&mut Server>) -> Result<()> {
-    if let Some(server) = server {
-        if let Some(status) = server.try_wait()? {
-            bail!(
-                "the server exited ({status}); its log:\n{}",
-                srv::log_tail(&server.log_path)
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Polls `GET /ready` (or `/health` where there is no `/ready`) of an already running server
-/// until it answers 200.
-async fn check_ready(client: &reqwest::Client, base_url: &str, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    let mut path = "/ready";
-    loop {
-        let last = match client
-            .get(format!("{base_url}{path}"))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-        {
-            Ok(r) if r.status().is_success() => return Ok(()),
-            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND && path == "/ready" => {
-                path = "/health";
-                continue;
-            }
-            Ok(r) => format!("HTTP {}", r.status()),
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            bail!("{base_url}{path} was not ready within {timeout:?} ({last})");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[cfg(test)]
@@ -659,7 +638,7 @@ mod tests {
         );
         assert_eq!(o.arrivals, Arrivals::Fixed);
         assert_eq!((o.seconds, o.warmup_seconds, o.seed), (25.0, 3.0, 1));
-        assert_eq!(o.mode, "continuous");
+        assert_eq!(o.server.mode, "continuous");
         assert_eq!(o.common.server_args_trailing, ["--max-queue-wait", "4"]);
         let d = crate::Args::try_parse_from(["nmt-bench", "overload"]).unwrap();
         let Some(crate::Command::Overload(d)) = d.command else {

@@ -6,26 +6,15 @@ use serde::Serialize;
 
 use super::schedule::Arrivals;
 use super::summary::{GoalCheck, RateSummary, GOAL_MULTIPLE};
-use crate::report::shell_join;
+use crate::single_server::{example_body, RunHeader};
 use crate::stats::CellSummary;
 
 /// Everything an overload run reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct OverloadReport {
-    /// UTC, `YYYY-MM-DD HH:MM:SS UTC`.
-    pub date: String,
-    /// How `nmt-bench` was invoked.
-    pub command_line: String,
-    /// From /proc/cpuinfo, or lscpu.
-    pub cpu_model: Option<String>,
-    /// `nproc` on the machine that ran the clients (and the server, when the bench started it).
-    pub nproc: usize,
-    /// Worker threads of the clients' tokio runtime.
-    pub client_threads: usize,
-    /// The server under test: the one the bench started, or the `--url` it was given.
-    pub server: ServerUnderTest,
-    /// The model name the server reported.
-    pub model: Option<String>,
+    /// Date, command line, machine, server and model.
+    #[serde(flatten)]
+    pub header: RunHeader,
     pub verses_file: String,
     pub verses: usize,
     /// Fields every request carried beside `text` (`--request-fields`).
@@ -47,15 +36,9 @@ pub struct OverloadReport {
     pub goal: Vec<GoalCheck>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct ServerUnderTest {
-    /// Set when the bench started the server.
-    pub bin: Option<String>,
-    /// The full argument list of the started server; with `--url`, the `--server-arg`s the
-    /// bench was told the server runs with.
-    pub args: Vec<String>,
-    /// The URL given with `--url`.
-    pub url: Option<String>,
+impl crate::Document for OverloadReport {
+    const TABLES: fn(&Self) -> String = tables;
+    const MARKDOWN: fn(&Self) -> String = markdown;
 }
 
 /// The closed-loop cells the rates are scaled by and the goal is judged against.
@@ -75,7 +58,8 @@ pub struct Calibration {
     pub unloaded_p99_ms: Option<f64>,
 }
 
-fn ms(x: Option<f64>) -> String {
+/// Milliseconds, rounded; `-` for none.
+pub fn ms(x: Option<f64>) -> String {
     x.map_or("-".into(), |v| format!("{v:.0}"))
 }
 
@@ -210,54 +194,13 @@ fn goal(report: &OverloadReport) -> String {
 pub fn markdown(report: &OverloadReport) -> String {
     let mut s = String::new();
     s.push_str("# nmt-bench overload: open-loop request rates against admission control\n\n");
-    let _ = writeln!(s, "- date: {}", report.date);
-    let _ = writeln!(s, "- command: `{}`", report.command_line);
-    match (&report.server.bin, &report.server.url) {
-        (Some(bin), _) => {
-            let _ = writeln!(
-                s,
-                "- server (started by the bench): `{bin} {}`",
-                shell_join(&report.server.args)
-            );
-        }
-        (None, url) => {
-            let _ = writeln!(
-                s,
-                "- server: already running at {} (its flags, as given to the bench: `{}`)",
-                url.as_deref().unwrap_or("?"),
-                shell_join(&report.server.args)
-            );
-        }
-    }
-    let _ = writeln!(
-        s,
-        "- CPU: {}; nproc: {} ({}clients on {} tokio worker thread{})",
-        report.cpu_model.as_deref().unwrap_or("unknown"),
-        report.nproc,
-        if report.server.bin.is_some() {
-            "server and clients on the same machine; "
-        } else {
-            ""
-        },
-        report.client_threads,
-        if report.client_threads == 1 { "" } else { "s" }
-    );
-    if let Some(model) = &report.model {
-        let _ = writeln!(s, "- model: {model}");
-    }
+    report.header.write_markdown(&mut s);
     let _ = writeln!(
         s,
         "- inputs: {} ({} texts, one per request, round-robin from the first at every rate); body `{}`",
         report.verses_file,
         report.verses,
-        match &report.request_fields {
-            Some(serde_json::Value::Object(f)) => {
-                let mut body = f.clone();
-                body.insert("text".into(), "VERSE".into());
-                serde_json::Value::Object(body).to_string()
-            }
-            _ => r#"{"text":"VERSE"}"#.to_string(),
-        }
+        example_body(report.request_fields.as_ref(), "VERSE".into())
     );
     let _ = writeln!(
         s,
@@ -372,17 +315,7 @@ mod tests {
         rate.timed_out_after_acceptance = 3;
         let unloaded = crate::stats::summarize("continuous", 1, &[], Duration::from_secs(1));
         let report = OverloadReport {
-            date: "1970-01-01 00:00:00 UTC".into(),
-            command_line: "nmt-bench overload".into(),
-            cpu_model: Some("AMD EPYC".into()),
-            nproc: 2,
-            client_threads: 1,
-            server: ServerUnderTest {
-                bin: Some("nmt-server".into()),
-                args: vec!["--max-queue-wait".into(), "4".into()],
-                url: None,
-            },
-            model: None,
+            header: RunHeader::for_tests("nmt-bench overload", &["--max-queue-wait", "4"], None),
             verses_file: "v".into(),
             verses: 1,
             request_fields: None,
