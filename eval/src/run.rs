@@ -93,7 +93,7 @@ fn load_concat(args: &Args) -> Result<Option<ConcatSet>> {
 }
 
 /// Everything decoded with one package.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Decoded {
     info: PackageInfo,
     translations: Vec<Translation>,
@@ -103,7 +103,7 @@ pub(crate) struct Decoded {
 }
 
 /// One group size of the long-input set, decoded both ways.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 pub(crate) struct DecodedConcat {
     n_verses: usize,
     pub(crate) references: Vec<String>,
@@ -514,10 +514,10 @@ pub fn run(args: &Args) -> Result<()> {
     let mut labels: Vec<String> = Vec::new();
     let mut decoded = Vec::new();
     let mut plans = Vec::new();
+    let provenance = saved::provenance(&set, length_ask(args), args.beyond_input_limit);
     for dir in &dirs {
-        let (ask, beyond) = (length_ask(args), args.beyond_input_limit);
         let d = if saved::is_saved(dir) {
-            saved::load(dir, &set, ask, beyond)?
+            saved::load(dir, &set, &provenance)?
         } else {
             let mut engine = Engine::load(dir, &options)?;
             decode(&mut engine, &set, args)?
@@ -525,7 +525,7 @@ pub fn run(args: &Args) -> Result<()> {
         let label = unique_label(&d.info.name, &labels);
         let edges = &args.bucket_edges;
         plans.push(plan(&out.join(&label), &set, &d, &reference_file, edges)?);
-        saved::save(&out.join(&label), &set, &d, length_ask(args), beyond)?;
+        saved::save(&out.join(&label), &d, &provenance)?;
         labels.push(label);
         decoded.push(d);
     }

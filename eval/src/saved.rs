@@ -15,12 +15,12 @@ use crate::run::{Decoded, EvalSet};
 
 /// Bumped when the saved fields change meaning.
 const FORMAT: u32 = 1;
-pub const FILE_NAME: &str = "decoded.json";
+const FILE_NAME: &str = "decoded.json";
 
 /// What a saved decoding was decoded from and how: scoring it for another set, or with
 /// other decoding flags, would compare unlike things.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
-struct Provenance {
+pub struct Provenance {
     format: u32,
     set: String,
     /// sha256 of the source sentences, one a line (after `--limit`).
@@ -29,13 +29,26 @@ struct Provenance {
     beyond_input_limit: bool,
 }
 
-#[derive(Serialize, Deserialize)]
+/// The file, as read.
+#[derive(Deserialize)]
 struct SavedDecoding {
     provenance: Provenance,
     decoded: Decoded,
 }
 
-fn provenance(set: &EvalSet, length_ask: Option<String>, beyond_input_limit: bool) -> Provenance {
+/// The file, as written: the same fields, borrowed.
+#[derive(Serialize)]
+struct SavingDecoding<'a> {
+    provenance: &'a Provenance,
+    decoded: &'a Decoded,
+}
+
+/// The provenance a decoding of `set` with these flags has, saved or expected.
+pub fn provenance(
+    set: &EvalSet,
+    length_ask: Option<String>,
+    beyond_input_limit: bool,
+) -> Provenance {
     let mut hasher = Sha256::new();
     for source in &set.data.sources {
         hasher.update(source.as_bytes());
@@ -51,36 +64,24 @@ fn provenance(set: &EvalSet, length_ask: Option<String>, beyond_input_limit: boo
 }
 
 /// Writes `decoded` to `dir/decoded.json`.
-pub fn save(
-    dir: &Path,
-    set: &EvalSet,
-    decoded: &Decoded,
-    length_ask: Option<String>,
-    beyond_input_limit: bool,
-) -> Result<()> {
+pub fn save(dir: &Path, decoded: &Decoded, provenance: &Provenance) -> Result<()> {
     let path = dir.join(FILE_NAME);
-    let saved = SavedDecoding {
-        provenance: provenance(set, length_ask, beyond_input_limit),
-        decoded: decoded.clone(),
+    let saved = SavingDecoding {
+        provenance,
+        decoded,
     };
     fs::write(&path, serde_json::to_vec(&saved)?)
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// Reads a saved decoding of this set, made with these flags. Its long-input groups are
+/// Reads a saved decoding of this set, made as `expected` says. Its long-input groups are
 /// dropped when this run scores none, and must match when it does.
-pub fn load(
-    path: &Path,
-    set: &EvalSet,
-    length_ask: Option<String>,
-    beyond_input_limit: bool,
-) -> Result<Decoded> {
+pub fn load(path: &Path, set: &EvalSet, expected: &Provenance) -> Result<Decoded> {
     let text = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let saved: SavedDecoding =
         serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let expected = provenance(set, length_ask, beyond_input_limit);
     ensure!(
-        saved.provenance == expected,
+        saved.provenance == *expected,
         "{} was decoded otherwise: saved {:?}, this run {:?}",
         path.display(),
         saved.provenance,

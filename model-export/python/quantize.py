@@ -7,7 +7,8 @@ column (`quantize_dynamic`, QInt8, per_channel, reduce_range); activations are q
 uint8 per tensor when the graph runs. `reduce_range` keeps the weights to 7 bits: x86 CPUs
 without VNNI multiply uint8 by int8 with an instruction that saturates at 16 bits, and full
 8-bit weights lost a fifth of the tiny test models' teacher-forced agreement with float32 on
-such a CPU (0.77-0.79 against 0.95+ with VNNI). A package is quantized once and served on
+such a CPU (0.77-0.79; the test asks 0.95, which 8-bit weights met on the CPUs of earlier
+runs). A package is quantized once and served on
 whatever CPU a deployment has, so it takes the range every CPU computes exactly. The quantizer leaves a Gemm with transB alone, so the tied
 output projection (`logits = x @ E^T`, the embedding table read transposed) is first
 rewritten as a MatMul against its own stored transpose `[d, vocab]`.

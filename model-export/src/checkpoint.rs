@@ -19,6 +19,7 @@ use nmt_train::train::checkpoint::{self, TrainerState};
 use prost::Message;
 
 use crate::proto::{data_type, ModelProto};
+use crate::transformer;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct CheckpointArgs {
@@ -130,16 +131,11 @@ fn checkpoint_key(name: &str) -> String {
     key.join(".")
 }
 
-/// 2-D weights the export writes as they are; every other 2-D `.weight` is a linear layer's,
-/// which the graph multiplies from the right and so holds transposed.
+/// Whether the graphs hold this weight transposed: a linear layer's, as the export writes
+/// it ([`transformer::LOOKUP_TABLES`] are held as they are).
 fn stored_transposed(key: &str, dims: &[usize]) -> bool {
-    let tables = [
-        "embed.weight",
-        "pos_embed.weight",
-        "relative_keys",
-        "relative_values",
-    ];
-    dims.len() == 2 && key.ends_with(".weight") && !tables.iter().any(|t| key.ends_with(t))
+    let table = transformer::LOOKUP_TABLES.iter().any(|t| key.ends_with(t));
+    dims.len() == 2 && key.ends_with(".weight") && !table
 }
 
 /// The checkpoint's weights: the keys and shapes a freshly built model asks for, the values

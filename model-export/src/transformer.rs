@@ -25,6 +25,16 @@ pub(crate) fn values(t: &Tensor) -> Result<Vec<f32>> {
     t.flatten_all()?.to_vec1::<f32>()
 }
 
+const EMBED_TABLE: &str = "embed.weight";
+const POSITION_TABLE: &str = "pos_embed.weight";
+const RELATIVE_KEYS: &str = "relative_keys";
+const RELATIVE_VALUES: &str = "relative_values";
+/// Names of the 2-D weights the graphs hold as the checkpoint does (lookup tables, read by
+/// row); every other 2-D `.weight` is a linear layer's, held transposed ([`linear`]).
+/// `nmt-export checkpoint` reads the graphs back by this rule.
+pub(crate) const LOOKUP_TABLES: [&str; 4] =
+    [EMBED_TABLE, POSITION_TABLE, RELATIVE_KEYS, RELATIVE_VALUES];
+
 /// `x @ W^T + b` (candle stores `W` as `[out, in]`; the graph gets `W^T`).
 pub(crate) fn linear(g: &mut Graph, layer: &Linear, x: &str, hint: &str) -> Result<String> {
     let w = layer.weight().t()?.contiguous()?;
@@ -91,7 +101,7 @@ enum Relative {
 /// The shared embedding table `[vocab, d]` as an initializer.
 pub(crate) fn embedding_table(g: &mut Graph, embed: &Tensor) -> Result<String> {
     let (v, d) = embed.dims2()?;
-    Ok(g.weight("embed.weight", &[v, d], &values(embed)?))
+    Ok(g.weight(EMBED_TABLE, &[v, d], &values(embed)?))
 }
 
 /// Scaled embeddings of `ids` (any shape `[..]`) -> `[.., d]`.
@@ -360,11 +370,11 @@ impl Exporter<'_> {
         rows: &str,
     ) -> Result<(String, Option<String>)> {
         let (n, dh) = tables.keys.dims2()?;
-        let keys = g.weight("relative_keys", &[n, dh], &values(&tables.keys)?);
+        let keys = g.weight(RELATIVE_KEYS, &[n, dh], &values(&tables.keys)?);
         let keys = g.gather(&keys, rows, 0);
         let vals = match &tables.values {
             Some(v) => {
-                let v = g.weight("relative_values", &[n, dh], &values(v)?);
+                let v = g.weight(RELATIVE_VALUES, &[n, dh], &values(v)?);
                 Some(g.gather(&v, rows, 0))
             }
             None => None,
@@ -377,7 +387,7 @@ impl Exporter<'_> {
         match &self.model.pos_embed {
             Some(table) => {
                 let (n, d) = table.dims2()?;
-                Ok(Some(g.weight("pos_embed.weight", &[n, d], &values(table)?)))
+                Ok(Some(g.weight(POSITION_TABLE, &[n, d], &values(table)?)))
             }
             None => Ok(None),
         }

@@ -560,7 +560,7 @@ impl Infer {
             let mut predicted = Vec::with_capacity(valid.texts.len());
             // A turn per chunk, not per request: the turns are first come, first served, so a
             // request of many texts lets the requests that came meanwhile predict between its
-            // chunks instead of waiting for all of it (64 texts are ~0.5 s of BERT here).
+            // chunks instead of waiting for all of it.
             for (texts, tokens) in valid
                 .texts
                 .chunks(PREDICTION_CHUNK)
