@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 use utoipa::ToSchema;
 
-use crate::decode::StopReason;
+use crate::decode::{DecodeInput, StopReason};
 use crate::error::ApiError;
 use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
 use crate::metrics::{input_length_bucket, Metrics};
@@ -555,7 +555,22 @@ impl Infer {
     async fn plan_lengths(&self, valid: &ValidRequest<'_>) -> Result<Vec<LengthPlan>, ApiError> {
         let model = valid.model;
         let max_output = self.inner.limits.max_output(model.max_target_tokens);
+        let plan = |predicted: Vec<Option<(f64, LengthSource)>>| -> Vec<LengthPlan> {
+            valid
+                .source_tokens
+                .iter()
+                .zip(predicted)
+                .map(|(&n, p)| length::plan(&valid.length, &model.length, n, p, max_output))
+                .collect()
+        };
         let predicted = if length::needs_prediction(&valid.length, &model.length) {
+            // A request the door would refuse anyway is refused before the predictor spends a
+            // turn on it: under overload, predictions for refused requests took the CPU the
+            // model needed. The linear fit's plans stand in for the predicted ones.
+            let fitted = plan(model.length.fit(&valid.source_tokens));
+            model
+                .translator
+                .check(&self.decode_inputs(valid, &fitted))?;
             let span = tracing::info_span!("predict_length", texts = valid.texts.len());
             let mut predicted = Vec::with_capacity(valid.texts.len());
             // A turn per chunk, not per request: the turns are first come, first served, so a
@@ -576,12 +591,7 @@ impl Infer {
         } else {
             vec![None; valid.texts.len()]
         };
-        Ok(valid
-            .source_tokens
-            .iter()
-            .zip(predicted)
-            .map(|(&n, p)| length::plan(&valid.length, &model.length, n, p, max_output))
-            .collect())
+        Ok(plan(predicted))
     }
 
     /// The predicted lengths of some of a request's texts, after waiting for a turn at the
@@ -622,10 +632,16 @@ impl Infer {
         valid: &ValidRequest<'_>,
         plans: &[LengthPlan],
     ) -> Result<Finished, ApiError> {
+        let inputs = self.decode_inputs(valid, plans);
+        Ok(valid.model.translator.translate(inputs).await?)
+    }
+
+    /// What the model's queue takes: each text's source under its plan.
+    fn decode_inputs(&self, valid: &ValidRequest<'_>, plans: &[LengthPlan]) -> Vec<DecodeInput> {
         let model = valid.model;
         let limits = &self.inner.limits;
         let max_output = limits.max_output(model.max_target_tokens);
-        let inputs = valid
+        valid
             .source_ids
             .iter()
             .zip(&valid.source_tokens)
@@ -641,8 +657,7 @@ impl Infer {
                     max_output,
                 )
             })
-            .collect();
-        Ok(model.translator.translate(inputs).await?)
+            .collect()
     }
 
     /// Meets `max_chars`: texts over it are decoded once more for proportionally fewer

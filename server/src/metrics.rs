@@ -56,6 +56,7 @@ pub struct Metrics {
     pub sequences_in_flight: IntGaugeVec,
     pub expected_queue_wait: GaugeVec,
     pub throughput: GaugeVec,
+    pub admission_lateness: GaugeVec,
     pub length_deviation: HistogramVec,
     pub errors: IntCounterVec,
 }
@@ -190,6 +191,14 @@ impl Metrics {
                  busy time, a moving average: the speed admission assumes.",
                 &["model"],
             ),
+            admission_lateness: float_gauge(
+                &r,
+                "nmt_admission_lateness",
+                "The 98th percentile of accepted requests' time to finish over the door's \
+                 estimate, tracked online: every estimate (and the expected queue wait) is \
+                 scaled by it.",
+                &["model"],
+            ),
             length_deviation: histogram(
                 &r,
                 "nmt_length_deviation_tokens",
@@ -219,6 +228,7 @@ impl Metrics {
             sequences_in_flight: self.sequences_in_flight.with_label_values(&[model]),
             expected_queue_wait: self.expected_queue_wait.with_label_values(&[model]),
             throughput: self.throughput.with_label_values(&[model]),
+            admission_lateness: self.admission_lateness.with_label_values(&[model]),
         }
     }
 

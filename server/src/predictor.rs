@@ -126,6 +126,11 @@ impl LengthPredictor {
         self.turns.take_unless_queued(PREDICTOR_QUEUE_LIMIT).await
     }
 
+    /// Callers waiting for a turn.
+    pub fn waiting(&self) -> usize {
+        self.turns.waiting.load(Ordering::SeqCst)
+    }
+
     /// The predicted target length of each text (target subwords, EOS not counted,
     /// unrounded); `None` for a text longer than the predictor takes.
     pub fn predict(&self, texts: &[&str]) -> anyhow::Result<Vec<Option<f64>>> {

@@ -33,7 +33,7 @@ use prometheus::{Gauge, Histogram, IntGauge};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
 
-use crate::admission::{AdmissionPolicy, Admitted, JobId, Load, Progress, Refusal};
+use crate::admission::{AdmissionPolicy, FinishedText, JobId, Load, Progress, Refusal};
 use crate::backend::{Backend, BackendError};
 use crate::decode::{DecodeInput, DecodeOutput, RunningBatch, SpecialIds};
 
@@ -66,6 +66,7 @@ impl SchedulerConfig {
         AdmissionPolicy {
             batching: self.batching,
             max_batch_size: self.max_batch_size,
+            max_batch_tokens: self.max_batch_tokens,
             max_queued_requests: self.max_queued_requests.max(1),
             max_queue_wait: self.max_queue_wait,
         }
@@ -157,9 +158,8 @@ type Reply = oneshot::Sender<Result<Finished, BackendError>>;
 
 struct Job {
     inputs: Vec<DecodeInput>,
-    /// Its number, and each text's expected output tokens, as the door counted them in the
-    /// load.
-    admitted: Admitted,
+    /// Its number in the door's load.
+    id: JobId,
     reply: Reply,
     /// The request's span: the worker's spans for this job are its children.
     span: Span,
@@ -176,6 +176,7 @@ pub struct WorkerMetrics {
     pub sequences_in_flight: IntGauge,
     pub expected_queue_wait: Gauge,
     pub throughput: Gauge,
+    pub admission_lateness: Gauge,
 }
 
 /// What the door and the worker share.
@@ -230,11 +231,16 @@ impl Translator {
         Ok((translator, handle))
     }
 
+    /// Whether the door would take `inputs` now (see [`Load::check`]).
+    pub fn check(&self, inputs: &[DecodeInput]) -> Result<(), TranslateError> {
+        Ok(self.shared.load().check(&self.shared.policy, inputs)?)
+    }
+
     /// Decodes `inputs` (in the running batch, with whoever else is there); results come
     /// back in input order. Refused at once when the model would not finish it within
     /// `--max-queue-wait`, or too many requests wait. Dropping the future withdraws the job.
     pub async fn translate(&self, inputs: Vec<DecodeInput>) -> Result<Finished, TranslateError> {
-        let admitted = {
+        let id = {
             let mut load = self.shared.load();
             let admitted = load.admit(&self.shared.policy, &inputs);
             self.metrics
@@ -247,14 +253,14 @@ impl Translator {
         let span = Span::current();
         let job = Job {
             inputs,
-            admitted,
+            id,
             reply,
             queue_span: tracing::info_span!(parent: &span, "queue"),
             span,
             enqueued: Instant::now(),
         };
         if let Err(mpsc::error::SendError(job)) = self.sender.send(job) {
-            self.shared.load().withdraw(&job.admitted, job.inputs.len());
+            self.shared.load().withdraw(job.id);
             self.metrics.queue_depth.dec();
             return Err(TranslateError::Stopped);
         }
@@ -266,11 +272,9 @@ impl Translator {
 /// Where one text of a job is.
 enum Text {
     Waiting(DecodeInput),
-    /// In the batch (or joining it) since `joined`. `left`: the tokens of its expected output
-    /// still counted in the load, at least 1 until it finishes.
+    /// In the batch (or joining it) since `joined`.
     Running {
         joined: Instant,
-        left: u64,
     },
     Done(SequenceResult),
 }
@@ -282,7 +286,6 @@ struct TextSize {
     budget: usize,
     source: usize,
     max_output: usize,
-    expected_output: usize,
 }
 
 /// A job the worker has received and not yet answered.
@@ -390,16 +393,14 @@ impl<B: Backend> Worker<B> {
     }
 
     fn receive(&mut self, job: Job) {
-        let id = job.admitted.id;
+        let id = job.id;
         let sizes = job
             .inputs
             .iter()
-            .zip(&job.admitted.expected_outputs)
-            .map(|(input, &expected_output)| TextSize {
+            .map(|input| TextSize {
                 budget: input.token_budget(),
                 source: input.source_ids.len(),
                 max_output: input.max_output_tokens,
-                expected_output,
             })
             .collect();
         let texts = job.inputs.len();
@@ -432,7 +433,8 @@ impl<B: Backend> Worker<B> {
             self.metrics
                 .sequences_in_flight
                 .set(self.batch.len() as i64);
-            self.count_step();
+            self.progress.stepped = true;
+            self.progress.processed += self.batch.len() as u64;
             let special = self.special;
             let (backend, batch) = (&mut self.backend, &mut self.batch);
             match guarded(|| batch.step(backend, special)) {
@@ -456,38 +458,22 @@ impl<B: Backend> Worker<B> {
         self.publish(started.elapsed());
     }
 
-    /// Every live row takes a token of its expected output off the load.
-    fn count_step(&mut self) {
-        for &(id, text) in self.batch.tags() {
-            self.progress.processed += 1;
-            let Some(job) = self.jobs.get_mut(&id) else {
-                continue;
-            };
-            if let Text::Running { left, .. } = &mut job.texts[text] {
-                if *left > 1 {
-                    *left -= 1;
-                    self.progress.done(id, 1);
-                }
-            }
-        }
-    }
-
     /// Hands the turn's progress to the door's estimate.
     fn publish(&mut self, busy: Duration) {
         let progress = std::mem::take(&mut self.progress);
         let mut load = self.shared.load();
-        load.apply(&progress, self.batch.len(), busy);
+        load.apply(&progress, busy);
         self.metrics
             .expected_queue_wait
             .set(load.expected_wait().as_secs_f64());
         self.metrics
             .throughput
             .set(load.throughput.tokens_per_second());
+        self.metrics.admission_lateness.set(load.lateness.factor());
     }
 
     /// A request left the queue: it has no text waiting any more.
     fn dequeued(&mut self) {
-        self.progress.requests_dequeued += 1;
         self.metrics.queue_depth.dec();
     }
 
@@ -577,10 +563,7 @@ impl<B: Backend> Worker<B> {
         job.next += 1;
         job.rows += 1;
         let size = job.sizes[text];
-        let running = Text::Running {
-            joined: now,
-            left: size.expected_output as u64,
-        };
+        let running = Text::Running { joined: now };
         let Text::Waiting(input) = std::mem::replace(&mut job.texts[text], running) else {
             unreachable!("texts from `next` on are waiting")
         };
@@ -596,9 +579,8 @@ impl<B: Backend> Worker<B> {
         let dequeued = !job.waiting();
         self.batch_tokens += size.budget;
         // The source is encoded now.
-        self.progress.done(id, size.source as u64);
+        self.progress.joined.push(id);
         self.progress.processed += size.source as u64;
-        self.progress.texts_dequeued += 1;
         if dequeued {
             self.dequeued();
         }
@@ -610,14 +592,16 @@ impl<B: Backend> Worker<B> {
             return;
         };
         let size = job.sizes[text];
-        let Text::Running { joined, left } = job.texts[text] else {
+        let Text::Running { joined } = job.texts[text] else {
             return;
         };
         self.batch_tokens = self.batch_tokens.saturating_sub(size.budget);
-        self.progress.done(id, left);
-        self.progress
-            .outputs
-            .push((output.ids.len(), size.max_output));
+        self.progress.finished.push(FinishedText {
+            job: id,
+            text,
+            produced: output.ids.len(),
+            budget: size.max_output,
+        });
         job.rows -= 1;
         job.texts[text] = Text::Done(SequenceResult {
             output,
@@ -682,18 +666,10 @@ impl<B: Backend> Worker<B> {
 
     /// Takes a removed job's unfinished texts off the queue, the batch's tokens and the load.
     fn forget(&mut self, id: JobId, job: &ActiveJob) {
+        self.progress.removed.push(id);
         for (text, size) in job.texts.iter().zip(&job.sizes) {
-            match text {
-                Text::Waiting(_) => {
-                    self.progress
-                        .done(id, (size.source + size.expected_output) as u64);
-                    self.progress.texts_dequeued += 1;
-                }
-                Text::Running { left, .. } => {
-                    self.progress.done(id, *left);
-                    self.batch_tokens = self.batch_tokens.saturating_sub(size.budget);
-                }
-                Text::Done(_) => {}
+            if let Text::Running { .. } = text {
+                self.batch_tokens = self.batch_tokens.saturating_sub(size.budget);
             }
         }
         if job.waiting() {
@@ -802,12 +778,12 @@ mod tests {
     /// `inputs` through the door and into the worker, as `Translator::translate` sends them.
     fn accept(worker: &mut Worker<CopyBackend>, inputs: Vec<DecodeInput>) -> Answer {
         let shared = worker.shared.clone();
-        let admitted = shared.load().admit(&shared.policy, &inputs).unwrap();
+        let id = shared.load().admit(&shared.policy, &inputs).unwrap();
         worker.metrics.queue_depth.inc();
         let (reply, answer) = oneshot::channel();
         worker.receive(Job {
             inputs,
-            admitted,
+            id,
             reply,
             span: Span::none(),
             queue_span: Span::none(),
@@ -835,10 +811,10 @@ mod tests {
         let load = worker.shared.load().clone();
         assert_eq!(
             (
-                load.work,
-                load.waiting_texts,
-                load.queued_requests,
-                load.batch_rows
+                load.work(),
+                load.waiting_texts(),
+                load.queued_requests(),
+                load.batch_rows()
             ),
             (0, 0, 0, 0)
         );
@@ -1069,8 +1045,22 @@ mod tests {
         let err = translator.translate(vec![text(&[4])]).await.unwrap_err();
         assert!(matches!(err, TranslateError::Backend(_)), "{err}");
 
-        // Fill the queue's four slots by hand; the fifth request is refused.
-        translator.shared.load().queued_requests = 4;
+        // The failed request leaves the load at the end of the worker's turn, after its reply.
+        let busy = || {
+            let load = translator.shared.load();
+            load.queued_requests() + load.batch_rows() > 0
+        };
+        while busy() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Four requests the worker never hears of fill the queue; the fifth is refused.
+        {
+            let mut load = translator.shared.load();
+            for _ in 0..4 {
+                load.admit(&translator.shared.policy, &[text(&[4])])
+                    .unwrap();
+            }
+        }
         let err = translator.translate(vec![text(&[4])]).await.unwrap_err();
         assert!(
             matches!(err, TranslateError::QueueFull { queued: 4, .. }),

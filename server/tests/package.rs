@@ -302,3 +302,127 @@ async fn the_shipped_length_predictor_predicts_natural_lengths_alone_or_batched(
         );
     }
 }
+
+/// A service of its own (the tests here hold its predictor's turn, which would hold up the
+/// other tests' predictions), with `configure` applied to its arguments.
+fn own_state(configure: impl FnOnce(&mut Args)) -> nmt_server::Infer {
+    let mut args = Args::for_model(package_dir());
+    configure(&mut args);
+    let infer = nmt_server::load(&args).unwrap_or_else(|e| panic!("{e:#}"));
+    infer.set_ready(true);
+    infer
+}
+
+async fn post_to(
+    infer: &nmt_server::Infer,
+    body: serde_json::Value,
+) -> (StatusCode, serde_json::Value) {
+    let request = Request::post("/translate")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = app(infer.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// Polls `condition` every millisecond for up to 10 s.
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_large_request_gives_the_length_predictor_back_between_chunks() {
+    // Turns at the predictor are first come, first served. A request of 64 texts takes one
+    // per chunk of 8, so whoever came while it predicted is served after its first chunk,
+    // not after all 64 (issue 12.3: small requests beside a large one).
+    let infer = own_state(|_| {});
+    let model = infer.models().next().unwrap();
+    let predictor = model.length.predictor.clone().expect("a predictor");
+    let held = predictor.turn_unless_busy().await.unwrap();
+    let texts: Vec<&str> = SENTENCES.iter().cycle().take(64).copied().collect();
+    let large = {
+        let infer = infer.clone();
+        tokio::spawn(async move { post_to(&infer, serde_json::json!({ "text": texts })).await })
+    };
+    eventually("the large request waits for a turn", || {
+        predictor.waiting() == 1
+    })
+    .await;
+    // The test is the next client.
+    let next = {
+        let predictor = predictor.clone();
+        tokio::spawn(async move { predictor.turn_unless_busy().await })
+    };
+    eventually("the next client waits too", || predictor.waiting() == 2).await;
+    drop(held);
+    let turn = next.await.unwrap().expect("a turn");
+    // Its turn came after one chunk of the large request, whose next chunk now waits for it.
+    eventually("the large request waits for its next chunk's turn", || {
+        predictor.waiting() == 1
+    })
+    .await;
+    assert!(!large.is_finished());
+    drop(turn);
+    let (status, json) = large.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{json}");
+    let response: TranslateResponse = serde_json::from_value(json).unwrap();
+    assert_eq!(response.translations.len(), 64);
+    for t in &response.translations {
+        assert_eq!(
+            t.length_source,
+            Some(nmt_server::length::LengthSource::Predictor),
+            "{t:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_request_the_door_refuses_is_refused_before_its_length_is_predicted() {
+    // One row, and a wait limit no request behind another meets: while one request decodes,
+    // every other is refused. The refusal must not wait for the predictor (held here by the
+    // test): under overload, predictions for requests refused anyway took the model's CPU.
+    let infer = own_state(|args| {
+        args.max_batch_size = 1;
+        args.max_queue_wait = Some(0.001);
+    });
+    let model = infer.models().next().unwrap();
+    let predictor = model.length.predictor.clone().expect("a predictor");
+    // An asked length needs no prediction: 250 steps keep the row busy.
+    let busy = {
+        let infer = infer.clone();
+        tokio::spawn(async move {
+            post_to(
+                &infer,
+                serde_json::json!({ "text": SENTENCES[1], "target_length": 250 }),
+            )
+            .await
+        })
+    };
+    let in_flight = |infer: &nmt_server::Infer| {
+        infer
+            .metrics()
+            .render()
+            .lines()
+            .any(|l| l.starts_with("nmt_sequences_in_flight{") && l.ends_with(" 1"))
+    };
+    eventually("the first request decodes", || in_flight(&infer)).await;
+    let held = predictor.turn_unless_busy().await.unwrap();
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        post_to(&infer, serde_json::json!({ "text": SENTENCES[0] })),
+    )
+    .await
+    .expect("refused without waiting for the predictor");
+    assert_eq!(refused.0, StatusCode::TOO_MANY_REQUESTS, "{}", refused.1);
+    assert_eq!(refused.1["error_type"], "overloaded", "{}", refused.1);
+    assert_eq!(predictor.waiting(), 0);
+    drop(held);
+    let (status, json) = busy.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{json}");
+}
