@@ -84,7 +84,7 @@ pub enum TranslateError {
         retry_after: Duration,
     },
     #[error(
-        "the model would take about {:.1} s to finish the work it has and this request, more \
+        "the model would take at least {:.1} s to finish the work it has and this request, more \
          than the {:.1} s allowed (--max-queue-wait); retry in {} s, when the work it has now \
          should be done",
         expected.as_secs_f64(),
@@ -1030,6 +1030,18 @@ mod tests {
         assert_eq!(done.last(), Some(&"large"), "{done:?}");
     }
 
+    /// Waits until the door's load is empty: a job leaves it at the end of the worker's turn,
+    /// after its reply went out.
+    async fn until_drained(translator: &Translator) {
+        let busy = || {
+            let load = translator.shared.load();
+            load.queued_requests() + load.batch_rows() > 0
+        };
+        while busy() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     #[tokio::test]
     async fn a_full_queue_refuses_and_backend_failures_surface() {
         let (translator, _handle) = Translator::spawn(
@@ -1045,14 +1057,7 @@ mod tests {
         let err = translator.translate(vec![text(&[4])]).await.unwrap_err();
         assert!(matches!(err, TranslateError::Backend(_)), "{err}");
 
-        // The failed request leaves the load at the end of the worker's turn, after its reply.
-        let busy = || {
-            let load = translator.shared.load();
-            load.queued_requests() + load.batch_rows() > 0
-        };
-        while busy() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        until_drained(&translator).await;
         // Four requests the worker never hears of fill the queue; the fifth is refused.
         {
             let mut load = translator.shared.load();
@@ -1101,6 +1106,7 @@ mod tests {
         assert!(expected > limit, "{expected:?}");
         assert!(err.to_string().contains("--max-queue-wait"), "{err}");
         assert!(first.await.unwrap().is_ok());
+        until_drained(&translator).await;
         // Once the work is done, the same request is taken.
         assert!(translator.translate(vec![long_text(); 8]).await.is_ok());
     }
