@@ -201,8 +201,10 @@ pub struct FinishedText {
     pub budget: usize,
 }
 
-/// What the worker did in one turn of its loop, for [`Load::apply`], in the order it happens:
-/// texts join, the batch steps, texts finish, jobs leave.
+/// What the worker did in one turn of its loop, for [`Load::apply`], which applies it in
+/// this order: texts join, the batch steps, texts finish, jobs leave. (Abandoned jobs leave at
+/// the start of a turn; applied last they are gone all the same, since nothing else in the
+/// turn names them.)
 #[derive(Clone, Debug, Default)]
 pub struct Progress {
     /// A job's next waiting text joined the batch (once per text; a job's texts join in order).
