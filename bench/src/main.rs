@@ -81,6 +81,13 @@ struct Args {
     )]
     modes: Vec<String>,
 
+    /// Builds to compare instead of batching modes, comma-separated `NAME=SERVER_BIN@MODEL_DIR`
+    /// (e.g. `before=old/nmt-server@old/package,after=target/release/nmt-server@models/en-es-rel-ldpe`):
+    /// each NAME is a mode whose server runs SERVER_BIN on MODEL_DIR with its default batching,
+    /// side by side with the others and interleaved like modes. Replaces `--modes`.
+    #[arg(long, env = "NMT_BENCH_BUILDS", value_delimiter = ',')]
+    builds: Vec<String>,
+
     /// The mode the others' throughput is divided by in the ratio table (skipped when it is not
     /// among `--modes`).
     #[arg(long, env = "NMT_BENCH_BASELINE_MODE", default_value = "off")]
@@ -265,7 +272,11 @@ fn secs(s: f64, what: &str) -> Result<Duration> {
 
 /// Runs the benchmark; `Ok(false)` when some mode could not be measured (the report of the
 /// others is still written).
-fn run(args: Args) -> Result<bool> {
+fn run(mut args: Args) -> Result<bool> {
+    let builds = builds(&args.builds)?;
+    if !builds.is_empty() {
+        args.modes = builds.iter().map(|b| b.name.clone()).collect();
+    }
     ensure!(!args.modes.is_empty(), "--modes is empty");
     ensure!(
         args.modes.iter().all(|m| !m.trim().is_empty()),
@@ -302,14 +313,26 @@ fn run(args: Args) -> Result<bool> {
     let mut results = Vec::new();
     let mut model = None;
     let mut all_ok = true;
-    let mode_args: Vec<ModeArgs> = args
-        .modes
-        .iter()
-        .map(|mode| ModeArgs {
-            mode: mode.clone(),
-            args: server_args(&args.common.model_dir, mode, &extra),
-        })
-        .collect();
+    let mut peak_rss = Vec::new();
+    let mode_args: Vec<ModeArgs> = if builds.is_empty() {
+        args.modes
+            .iter()
+            .map(|mode| ModeArgs {
+                mode: mode.clone(),
+                bin: args.common.server_bin.display().to_string(),
+                args: server_args(&args.common.model_dir, mode, &extra),
+            })
+            .collect()
+    } else {
+        builds
+            .iter()
+            .map(|b| ModeArgs {
+                mode: b.name.clone(),
+                bin: b.bin.display().to_string(),
+                args: server_args(&b.model_dir, server::DEFAULT_MODE, &extra),
+            })
+            .collect()
+    };
     let log_paths = log_paths(&log_dir, &args.modes);
     eprintln!(
         "nmt-bench: {} inputs from {}; modes {}; clients {:?}; {} s warm-up + {} s per cell; \
@@ -335,7 +358,7 @@ fn run(args: Args) -> Result<bool> {
             for (m, log_path) in mode_args.iter().zip(&log_paths) {
                 let server = start_server(
                     &client,
-                    &args.common.server_bin,
+                    Path::new(&m.bin),
                     &m.args,
                     log_path,
                     startup_timeout,
@@ -378,6 +401,9 @@ fn run(args: Args) -> Result<bool> {
                         }
                     }
                 }
+            }
+            for (mode, server) in args.modes.iter().zip(&fleet.servers) {
+                peak_rss.push((mode.clone(), server.as_ref().and_then(Server::peak_rss_mib)));
             }
             let stopped =
                 tokio::task::spawn_blocking(move || fleet.stop_all(Duration::from_secs(30))).await;
@@ -433,9 +459,35 @@ fn run(args: Args) -> Result<bool> {
         baseline_mode: args.baseline_mode.clone(),
         results,
         ratios,
+        peak_rss_mib: peak_rss,
     };
     emit(&report, args.out_md.as_deref(), args.out_json.as_deref())?;
     Ok(all_ok)
+}
+
+/// A `--builds` entry.
+struct Build {
+    name: String,
+    bin: PathBuf,
+    model_dir: PathBuf,
+}
+
+fn builds(specs: &[String]) -> Result<Vec<Build>> {
+    specs
+        .iter()
+        .map(|spec| {
+            let parsed = spec.split_once('=').and_then(|(name, rest)| {
+                let (bin, model_dir) = rest.split_once('@')?;
+                let nonempty = !name.is_empty() && !bin.is_empty() && !model_dir.is_empty();
+                nonempty.then(|| Build {
+                    name: name.to_string(),
+                    bin: PathBuf::from(bin),
+                    model_dir: PathBuf::from(model_dir),
+                })
+            });
+            parsed.with_context(|| format!("--builds: `{spec}` is not NAME=SERVER_BIN@MODEL_DIR"))
+        })
+        .collect()
 }
 
 /// One `{"text": verse}` body per input.
@@ -752,6 +804,18 @@ mod tests {
                 PathBuf::from("/tmp/x/nmt-bench-server-a_b-2.log"),
             ]
         );
+    }
+
+    #[test]
+    fn builds_name_a_binary_and_a_package_each() {
+        let parsed = builds(&["a=bin/a@pkg/a".into(), "b=bin/b@pkg/b".into()]).unwrap();
+        assert_eq!(parsed[1].name, "b");
+        assert_eq!(parsed[1].bin, PathBuf::from("bin/b"));
+        assert_eq!(parsed[1].model_dir, PathBuf::from("pkg/b"));
+        for bad in ["a=bin", "=bin@pkg", "a=@pkg", "a=bin@", "bin@pkg"] {
+            let err = builds(&[bad.into()]).err().expect(bad).to_string();
+            assert!(err.contains("NAME=SERVER_BIN@MODEL_DIR"), "{err}");
+        }
     }
 
     #[test]

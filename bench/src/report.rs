@@ -31,6 +31,9 @@ pub struct Report {
     pub results: Vec<CellSummary>,
     /// Throughput (target tokens/s) of every other mode over the baseline mode's.
     pub ratios: Vec<Ratio>,
+    /// Each mode's server's peak resident memory (MiB) over the whole run, read just before
+    /// it was stopped.
+    pub peak_rss_mib: Vec<(String, Option<f64>)>,
 }
 
 impl crate::Document for Report {
@@ -42,6 +45,8 @@ impl crate::Document for Report {
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeArgs {
     pub mode: String,
+    /// The server executable.
+    pub bin: String,
     pub args: Vec<String>,
 }
 
@@ -131,6 +136,18 @@ pub fn tables(report: &Report) -> String {
     if !errors.is_empty() {
         let _ = writeln!(s, "\nErrors: {}.", errors.join("; "));
     }
+    let rss: Vec<String> = report
+        .peak_rss_mib
+        .iter()
+        .filter_map(|(mode, mib)| mib.map(|m| format!("{mode} {m:.0} MiB")))
+        .collect();
+    if !rss.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nPeak RSS of each server over the run: {}.",
+            rss.join(", ")
+        );
+    }
     if !report.ratios.is_empty() {
         let mut others: Vec<&str> = Vec::new();
         for r in &report.ratios {
@@ -179,7 +196,7 @@ pub fn markdown(report: &Report) -> String {
             s,
             "- server, mode `{}`: `{} {}`",
             m.mode,
-            report.server_bin,
+            m.bin,
             shell_join(&m.args)
         );
     }
@@ -327,6 +344,7 @@ mod tests {
     fn markdown_says_the_cells_were_interleaved() {
         let mode = |m: &str| ModeArgs {
             mode: m.to_string(),
+            bin: "nmt-server".into(),
             args: vec!["--batching".to_string(), m.to_string()],
         };
         let mut report = Report {
@@ -344,10 +362,15 @@ mod tests {
             baseline_mode: "off".into(),
             results: Vec::new(),
             ratios: Vec::new(),
+            peak_rss_mib: vec![("continuous".into(), Some(123.4))],
         };
         let md = markdown(&report);
         assert!(
             md.contains("in the order `continuous`, `off` at the 1st, 3rd, ... level and `off`, `continuous` at the 2nd"),
+            "{md}"
+        );
+        assert!(
+            md.contains("Peak RSS of each server over the run: continuous 123 MiB."),
             "{md}"
         );
         report.server_args.truncate(1);

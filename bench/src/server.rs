@@ -47,6 +47,16 @@ pub struct Server {
 }
 
 impl Server {
+    /// The server's peak resident memory so far (`VmHWM`), in MiB; `None` once it has exited
+    /// or where `/proc` does not say.
+    pub fn peak_rss_mib(&self) -> Option<f64> {
+        let pid = self.child.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    }
+
     /// Starts `bin args...` with stderr to `log_path`, and waits (up to `timeout`) for the one
     /// `listening on http://ADDR` line on its stdout.
     pub fn start(bin: &Path, args: &[String], log_path: &Path, timeout: Duration) -> Result<Self> {

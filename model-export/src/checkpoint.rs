@@ -40,7 +40,7 @@ struct Initializer {
 
 /// Writes the checkpoint and returns how many weights it holds.
 pub fn checkpoint_from_package(args: &CheckpointArgs) -> anyhow::Result<usize> {
-    let manifest = Manifest::load(&args.package)?;
+    let manifest = Manifest::load_any_format(&args.package)?;
     let config = manifest.config.clone();
     check_importable(&manifest, &config)?;
     let mut initializers = HashMap::new();

@@ -127,7 +127,7 @@ impl Graph {
         out
     }
 
-    fn fresh(&mut self, hint: &str) -> String {
+    pub fn fresh(&mut self, hint: &str) -> String {
         self.counter += 1;
         let mut name = self.scope.join(".");
         if !name.is_empty() {

@@ -417,7 +417,7 @@ pub fn graph(
 /// Copies `from` to `to` unless `to` already holds the same bytes; returns its sha256.
 /// `from`'s predictor added to the package in `to`, which must share its tokenizer.
 fn copy_from_package(from: &Path, to: &Path) -> anyhow::Result<LengthPrediction> {
-    let source = Manifest::load(from)?;
+    let source = Manifest::load_any_format(from)?;
     let mut manifest = Manifest::load(to)?;
     let tokenizer = |m: &Manifest| m.files.get(model_package::files::TOKENIZER).cloned();
     ensure!(

@@ -16,7 +16,7 @@ use nmt_train::model::{
     PositionEncoder, RelativeTables, Transformer, MASKED_SCORE,
 };
 
-use crate::graph::{attr_int, Axis, ElemType, Graph};
+use crate::graph::{attr_int, attr_string, Axis, ElemType, Graph};
 use crate::proto::ModelProto;
 
 type Result<T> = candle_core::Result<T>;
@@ -84,18 +84,55 @@ fn residual(
     }
 }
 
-/// One layer's relative vectors, gathered for the pairs of this graph.
-enum Relative {
-    /// Encoder self-attention: `[len, len, head_dim]` per table.
-    Full {
-        keys: String,
-        values: Option<String>,
-    },
-    /// One decoder step: the query against every cache column, `[cache_len, head_dim]`.
-    Step {
-        keys: String,
-        values: Option<String>,
-    },
+/// One layer's relative vectors for the encoder's self-attention, gathered for every
+/// (query, key) pair: `[len, len, head_dim]` per table.
+struct Relative {
+    keys: String,
+    values: Option<String>,
+}
+
+/// One layer's relative tables `[2k + 1, head_dim]` for a decoder step, read through the
+/// step's [`StepRelative::rows`].
+struct StepTables {
+    keys: String,
+    values: Option<String>,
+}
+
+/// The attention columns of a decoder step (the cache's, then the new one), the same for
+/// every layer.
+struct StepColumns {
+    /// `[batch, 1, 1, past_len + 1]`: 0 for the columns a row owns, a large negative
+    /// number for the others.
+    bias: String,
+    /// `[past_len, 1]`, to split the probabilities into the cache's and the new column's.
+    split: String,
+    /// With relative tables: where each column falls in them.
+    relative: Option<StepRelative>,
+}
+
+/// A layer's keys and values of a decoder step: its cache (`past`), the step's own
+/// (`new`), and its relative tables if it has them.
+struct LayerCache<'a> {
+    past: (&'a str, &'a str),
+    new: (&'a str, &'a str),
+    tables: Option<StepTables>,
+}
+
+/// What a query attends to: `keys` and `values` `[batch, heads, k_len, head_dim]` and an
+/// additive `bias` broadcastable to the scores.
+struct Attended<'a> {
+    keys: &'a str,
+    values: &'a str,
+    bias: &'a str,
+}
+
+/// Where each attention column of a decoder step falls in the relative tables, the same for
+/// every layer.
+struct StepRelative {
+    /// `[batch, heads, 1, past_len + 1]` int64 rows of the tables.
+    rows: String,
+    /// `[batch, heads, 1, 2k + 1]` zeros, to sum probabilities per table row into.
+    zeros: String,
 }
 
 /// The shared embedding table `[vocab, d]` as an initializer.
@@ -155,70 +192,160 @@ impl Exporter<'_> {
         g.transpose(&x, &[0, 2, 1, 3])
     }
 
+    /// [`Self::split_heads`] of a decoder step's `[batch, 1, d]`, written to `out`: with one
+    /// position, moving the heads in front of it is a reshape, not a transpose.
+    fn split_step_heads(&self, g: &mut Graph, x: &str, out: &str) {
+        let (h, dh) = (self.config.num_heads as i64, self.config.head_dim() as i64);
+        let shape = g.ints(&[0, h, 1, dh]);
+        g.op_into("Reshape", &[x, &shape], vec![], out);
+    }
+
+    /// Queries of `attn` for `query`: `[batch, heads, q_len, head_dim]`.
+    fn queries(&self, g: &mut Graph, attn: &Attention, query: &str, step: bool) -> Result<String> {
+        let q = linear(g, &attn.q_proj, query, "q_proj")?;
+        Ok(if step {
+            let out = g.fresh("q_heads");
+            self.split_step_heads(g, &q, &out);
+            out
+        } else {
+            self.split_heads(g, &q)
+        })
+    }
+
     /// Attention of `query` `[batch, q_len, d]` over precomputed heads
     /// (`keys`/`values` `[batch, heads, k_len, head_dim]`) with an additive `bias`, and Shaw
     /// et al.'s relative vectors when the layer has them.
+    /// `step`: a decoder step's single query.
     fn attend(
         &self,
         g: &mut Graph,
         attn: &Attention,
         query: &str,
-        (keys, vals): (&str, &str),
-        bias: &str,
+        Attended { keys, values, bias }: Attended<'_>,
         relative: Option<&Relative>,
+        step: bool,
     ) -> Result<String> {
-        let q = linear(g, &attn.q_proj, query, "q_proj")?;
-        let q = self.split_heads(g, &q);
+        let q = self.queries(g, attn, query, step)?;
         let kt = g.transpose(keys, &[0, 1, 3, 2]);
         let mut scores = g.matmul(&q, &kt);
         // Shaw et al.: q . (k_j + a_ij), summed before the scale as in candle.
-        match relative {
-            Some(Relative::Full { keys, .. }) => {
-                // [len, batch, heads, dh] x [len, 1, dh, len]: one product per query.
-                let q_by_query = g.transpose(&q, &[2, 0, 1, 3]);
-                let a_t = g.transpose(keys, &[0, 2, 1]);
-                let a_t = g.unsqueeze(&a_t, &[1]);
-                let rel = g.matmul(&q_by_query, &a_t);
-                let rel = g.transpose(&rel, &[1, 2, 0, 3]);
-                scores = g.add(&scores, &rel);
-            }
-            Some(Relative::Step { keys, .. }) => {
-                // [batch, heads, 1, dh] x [dh, cache_len].
-                let a_t = g.transpose(keys, &[1, 0]);
-                let rel = g.matmul(&q, &a_t);
-                scores = g.add(&scores, &rel);
-            }
-            None => {}
+        if let Some(Relative { keys, .. }) = relative {
+            // [len, batch, heads, dh] x [len, 1, dh, len]: one product per query.
+            let q_by_query = g.transpose(&q, &[2, 0, 1, 3]);
+            let a_t = g.transpose(keys, &[0, 2, 1]);
+            let a_t = g.unsqueeze(&a_t, &[1]);
+            let rel = g.matmul(&q_by_query, &a_t);
+            let rel = g.transpose(&rel, &[1, 2, 0, 3]);
+            scores = g.add(&scores, &rel);
         }
+        let probs = self.softmax_scores(g, &scores, bias);
+        let mut context = g.matmul(&probs, values);
+        if let Some(Relative {
+            values: Some(values),
+            ..
+        }) = relative
+        {
+            // [len, batch, heads, len] x [len, 1, len, dh].
+            let p_by_query = g.transpose(&probs, &[2, 0, 1, 3]);
+            let a = g.unsqueeze(values, &[1]);
+            let rel = g.matmul(&p_by_query, &a);
+            let rel = g.transpose(&rel, &[1, 2, 0, 3]);
+            context = g.add(&context, &rel);
+        }
+        self.merge_heads(g, attn, &context, step)
+    }
+
+    /// Scaled `scores` plus the additive `bias`, normalised over the keys.
+    fn softmax_scores(&self, g: &mut Graph, scores: &str, bias: &str) -> String {
         let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
-        let scores = g.mul(&scores, &scale);
+        let scores = g.mul(scores, &scale);
         let scores = g.add(&scores, bias);
-        let probs = g.softmax_last(&scores);
-        let mut context = g.matmul(&probs, vals);
-        match relative {
-            Some(Relative::Full {
-                values: Some(values),
-                ..
-            }) => {
-                // [len, batch, heads, len] x [len, 1, len, dh].
-                let p_by_query = g.transpose(&probs, &[2, 0, 1, 3]);
-                let a = g.unsqueeze(values, &[1]);
-                let rel = g.matmul(&p_by_query, &a);
-                let rel = g.transpose(&rel, &[1, 2, 0, 3]);
-                context = g.add(&context, &rel);
-            }
-            Some(Relative::Step {
-                values: Some(values),
-                ..
-            }) => {
-                let rel = g.matmul(&probs, values);
-                context = g.add(&context, &rel);
-            }
-            _ => {}
-        }
-        let context = g.transpose(&context, &[0, 2, 1, 3]);
-        let context = g.reshape(&context, &[0, 0, self.config.d_model as i64]);
+        g.softmax_last(&scores)
+    }
+
+    /// `[batch, heads, len, head_dim]` -> the output projection of `[batch, len, d]` (for a
+    /// `step`'s single position, a reshape alone).
+    fn merge_heads(
+        &self,
+        g: &mut Graph,
+        attn: &Attention,
+        context: &str,
+        step: bool,
+    ) -> Result<String> {
+        let d = self.config.d_model as i64;
+        let context = if step {
+            g.reshape(context, &[0, 1, d])
+        } else {
+            let context = g.transpose(context, &[0, 2, 1, 3]);
+            g.reshape(&context, &[0, 0, d])
+        };
         linear(g, &attn.out_proj, &context, "out_proj")
+    }
+
+    /// Self-attention of one decoder step: each row's query over its cache (`past`
+    /// `[batch, heads, past_len, head_dim]`, of which `bias` leaves the row's own columns)
+    /// and over its own new key and value (`new`, `[batch, heads, 1, head_dim]`). The two
+    /// are attended side by side rather than joined, so the cache is only read: only the
+    /// scores `[batch, heads, 1, past_len + 1]` are concatenated. With relative tables, every
+    /// row's query meets all `2k + 1` relative keys once and each column picks its own
+    /// (`GatherElements`); the probabilities are summed per relative row (`ScatterElements`
+    /// with `add`) before meeting the relative values.
+    fn attend_step(
+        &self,
+        g: &mut Graph,
+        attn: &Attention,
+        query: &str,
+        cache: &LayerCache,
+        columns: &StepColumns,
+    ) -> Result<String> {
+        let (past, new) = (cache.past, cache.new);
+        let relative = cache.tables.as_ref().zip(columns.relative.as_ref());
+        let q = self.queries(g, attn, query, true)?;
+        let past_kt = g.transpose(past.0, &[0, 1, 3, 2]);
+        let new_kt = g.transpose(new.0, &[0, 1, 3, 2]);
+        let past_scores = g.matmul(&q, &past_kt);
+        let new_score = g.matmul(&q, &new_kt);
+        let mut scores = g.concat(&[&past_scores, &new_score], 3);
+        if let Some((tables, rel)) = relative {
+            // [batch, heads, 1, dh] x [dh, 2k + 1].
+            let a_t = g.transpose(&tables.keys, &[1, 0]);
+            let by_row = g.matmul(&q, &a_t);
+            let picked = g.op(
+                "GatherElements",
+                &[&by_row, &rel.rows],
+                vec![attr_int("axis", 3)],
+            );
+            scores = g.add(&scores, &picked);
+        }
+        let probs = self.softmax_scores(g, &scores, &columns.bias);
+        let split = g.op_outputs(
+            "Split",
+            &[&probs, &columns.split],
+            vec![attr_int("axis", 3)],
+            2,
+        );
+        let (past_probs, new_prob) = (&split[0], &split[1]);
+        let past_context = g.matmul(past_probs, past.1);
+        let new_context = g.matmul(new_prob, new.1);
+        let mut context = g.add(&past_context, &new_context);
+        if let Some((
+            StepTables {
+                values: Some(values),
+                ..
+            },
+            rel,
+        )) = relative
+        {
+            // Probability mass per relative row: [batch, heads, 1, 2k + 1].
+            let mass = g.op(
+                "ScatterElements",
+                &[&rel.zeros, &rel.rows, &probs],
+                vec![attr_int("axis", 3), attr_string("reduction", "add")],
+            );
+            let rel_context = g.matmul(&mass, values);
+            context = g.add(&context, &rel_context);
+        }
+        self.merge_heads(g, attn, &context, true)
     }
 
     fn project_heads(&self, g: &mut Graph, layer: &Linear, x: &str, hint: &str) -> Result<String> {
@@ -362,24 +489,29 @@ impl Exporter<'_> {
         g.add(&clipped, &high)
     }
 
+    /// A layer's relative tables `[2k + 1, head_dim]` as initializers.
+    fn relative_tables(&self, g: &mut Graph, tables: &RelativeTables) -> Result<StepTables> {
+        let (n, dh) = tables.keys.dims2()?;
+        let keys = g.weight(RELATIVE_KEYS, &[n, dh], &values(&tables.keys)?);
+        let values = match &tables.values {
+            Some(v) => Some(g.weight(RELATIVE_VALUES, &[n, dh], &values(v)?)),
+            None => None,
+        };
+        Ok(StepTables { keys, values })
+    }
+
     /// A layer's tables gathered at `rows`.
     fn gather_relative(
         &self,
         g: &mut Graph,
         tables: &RelativeTables,
         rows: &str,
-    ) -> Result<(String, Option<String>)> {
-        let (n, dh) = tables.keys.dims2()?;
-        let keys = g.weight(RELATIVE_KEYS, &[n, dh], &values(&tables.keys)?);
-        let keys = g.gather(&keys, rows, 0);
-        let vals = match &tables.values {
-            Some(v) => {
-                let v = g.weight(RELATIVE_VALUES, &[n, dh], &values(v)?);
-                Some(g.gather(&v, rows, 0))
-            }
-            None => None,
-        };
-        Ok((keys, vals))
+    ) -> Result<Relative> {
+        let StepTables { keys, values } = self.relative_tables(g, tables)?;
+        Ok(Relative {
+            keys: g.gather(&keys, rows, 0),
+            values: values.map(|v| g.gather(&v, rows, 0)),
+        })
     }
 
     /// The learned absolute position table `[max_positions, d]`, when the model has one.
@@ -486,12 +618,17 @@ impl Exporter<'_> {
                         let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
                         let relative = match (&layer.self_attn.relative, &relative_rows) {
                             (Some(tables), Some(rows)) => {
-                                let (keys, values) = self.gather_relative(g, tables, rows)?;
-                                Some(Relative::Full { keys, values })
+                                Some(self.gather_relative(g, tables, rows)?)
                             }
                             _ => None,
                         };
-                        self.attend(g, &layer.self_attn, h, (&k, &v), &bias, relative.as_ref())
+                        let attended = Attended {
+                            keys: &k,
+                            values: &v,
+                            bias: &bias,
+                        };
+                        let relative = relative.as_ref();
+                        self.attend(g, &layer.self_attn, h, attended, relative, false)
                     },
                 )?;
                 residual(g, &x, &layer.ffn_norm, cfg.norm, "ffn", |g, h| {
@@ -530,6 +667,59 @@ impl Exporter<'_> {
         ))
     }
 
+    /// What a decoder step's self-attention needs to know of the cache `past_key`
+    /// `[batch, heads, past_len, head_dim]`: the additive bias `[batch, 1, 1, past_len + 1]`
+    /// that leaves row `r` its first `positions[r]` cache columns and its new column, and,
+    /// when the decoder has relative tables, the table row of each of those columns.
+    fn cache_columns(&self, g: &mut Graph, past_key: &str, positions: &str) -> StepColumns {
+        let shape = g.op("Shape", &[past_key], vec![]);
+        let past_len = g.slice(&shape, 0, 2, 3);
+        let zero = g.int_scalar(0);
+        let one = g.int_scalar(1);
+        let len = g.squeeze(&past_len, &[0]);
+        let columns = g.op("Range", &[&zero, &len, &one], vec![]);
+        let columns = g.unsqueeze(&columns, &[0]);
+        let rows_at = g.unsqueeze(positions, &[1]);
+        let owned = g.op("Less", &[&columns, &rows_at], vec![]);
+        let owned = g.cast(&owned, ElemType::F32);
+        // [batch, 1]: the shape of the new column.
+        let batch = g.op("Shape", &[positions], vec![]);
+        let one_column = g.ints(&[1]);
+        let column_shape = g.concat(&[&batch, &one_column], 0);
+        let ones = g.float_scalar(1.0);
+        let ones = g.op("Expand", &[&ones, &column_shape], vec![]);
+        let visible = g.concat(&[&owned, &ones], 1);
+        let bias = self.padding_bias(g, &visible);
+        let split = g.concat(&[&past_len, &one_column], 0);
+        let relative = self.model.decoder.layers[0]
+            .self_attn
+            .relative
+            .as_ref()
+            .map(|_| {
+                // Key position minus query position; the new column is at distance 0.
+                let distances = g.sub(&columns, &rows_at);
+                let past_rows = self.relative_rows(g, &distances);
+                let clip = self.config.relative_clip;
+                let own = g.int_scalar(clip as i64);
+                let own = g.op("Expand", &[&own, &column_shape], vec![]);
+                let rows = g.concat(&[&past_rows, &own], 1);
+                let rows = g.unsqueeze(&rows, &[1, 2]);
+                let heads = g.ints(&[self.config.num_heads as i64, 1]);
+                let width = g.add(&past_len, &one_column);
+                let shape = g.concat(&[&batch, &heads, &width], 0);
+                let rows = g.op("Expand", &[&rows, &shape], vec![]);
+                let table_rows = g.ints(&[2 * clip as i64 + 1]);
+                let zeros_shape = g.concat(&[&batch, &heads, &table_rows], 0);
+                let zeros = g.op("ConstantOfShape", &[&zeros_shape], vec![]);
+                StepRelative { rows, zeros }
+            });
+        StepColumns {
+            bias,
+            split,
+            relative,
+        }
+    }
+
     fn decoder_step(&self) -> Result<ModelProto> {
         let cfg = self.config;
         let (h, dh) = (cfg.num_heads, cfg.head_dim());
@@ -546,13 +736,7 @@ impl Exporter<'_> {
         );
         let cross_axes: Vec<Axis> = vec!["batch".into(), h.into(), "source_len".into(), dh.into()];
         let past_axes: Vec<Axis> = vec!["batch".into(), h.into(), "past_len".into(), dh.into()];
-        let present_axes: Vec<Axis> =
-            vec!["batch".into(), h.into(), "present_len".into(), dh.into()];
-        let past_mask = g.input(
-            &names::past(names::SELF_MASK_STATE),
-            ElemType::F32,
-            &["batch".into(), "past_len".into()],
-        );
+        let column_axes: Vec<Axis> = vec!["batch".into(), h.into(), 1usize.into(), dh.into()];
 
         let table = self.embedding_table(&mut g)?;
         let position_table = self.position_table(&mut g)?;
@@ -600,47 +784,27 @@ impl Exporter<'_> {
             )
         })?;
 
-        // The new token is always visible: present mask = past mask + a column of ones.
-        let batch = g.op("Shape", &[&ids], vec![]);
-        let one_col = g.ints(&[1]);
-        let ones_shape = g.concat(&[&batch, &one_col], 0);
-        let one = g.float_scalar(1.0);
-        let ones = g.op("Expand", &[&one, &ones_shape], vec![]);
-        let present_mask = names::present(names::SELF_MASK_STATE);
-        g.op_into(
-            "Concat",
-            &[&past_mask, &ones],
-            vec![attr_int("axis", 1)],
-            &present_mask,
+        // Every cache has the same columns, so the first layer's tells their number.
+        let first_past_key = g.input(
+            &names::past(&names::self_key_state(0)),
+            ElemType::F32,
+            &past_axes,
         );
-        let self_bias = self.padding_bias(&mut g, &present_mask);
+        let columns = g.scoped("cache", |g| {
+            self.cache_columns(g, &first_past_key, &positions)
+        });
         let cross_bias = self.padding_bias(&mut g, &source_mask);
-        // A row at position p owns the last p + 1 cache columns (earlier ones are padding a
-        // batcher inserted), so column j holds position p - (len - 1 - j): the distance key -
-        // query is j - (len - 1) for every row, and one table serves the whole batch.
-        let relative_rows = self.model.decoder.layers[0]
-            .self_attn
-            .relative
-            .as_ref()
-            .map(|_| {
-                g.scoped("relative", |g| {
-                    let shape = g.op("Shape", &[&present_mask], vec![]);
-                    let one = g.int_scalar(1);
-                    let len = g.gather(&shape, &one, 0);
-                    let zero = g.int_scalar(0);
-                    let columns = g.op("Range", &[&zero, &len, &one], vec![]);
-                    let last = g.sub(&len, &one);
-                    let distances = g.sub(&columns, &last);
-                    self.relative_rows(g, &distances)
-                })
-            });
 
         for (i, layer) in self.model.decoder.layers.iter().enumerate() {
             let cross_k = g.input(&names::memory_cross_key(i), ElemType::F32, &cross_axes);
             let cross_v = g.input(&names::memory_cross_value(i), ElemType::F32, &cross_axes);
             let key_state = names::self_key_state(i);
             let value_state = names::self_value_state(i);
-            let past_k = g.input(&names::past(&key_state), ElemType::F32, &past_axes);
+            let past_k = if i == 0 {
+                first_past_key.clone()
+            } else {
+                g.input(&names::past(&key_state), ElemType::F32, &past_axes)
+            };
             let past_v = g.input(&names::past(&value_state), ElemType::F32, &past_axes);
             x = g.scoped(&format!("decoder.layers.{i}"), |g| -> Result<String> {
                 let x = residual(
@@ -650,37 +814,22 @@ impl Exporter<'_> {
                     cfg.norm,
                     "self_attn",
                     |g, h| {
-                        let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
-                        let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
-                        let (present_k, present_v) =
+                        let (new_k, new_v) =
                             (names::present(&key_state), names::present(&value_state));
-                        g.op_into(
-                            "Concat",
-                            &[&past_k, &k],
-                            vec![attr_int("axis", 2)],
-                            &present_k,
-                        );
-                        g.op_into(
-                            "Concat",
-                            &[&past_v, &v],
-                            vec![attr_int("axis", 2)],
-                            &present_v,
-                        );
-                        let relative = match (&layer.self_attn.relative, &relative_rows) {
-                            (Some(tables), Some(rows)) => {
-                                let (keys, values) = self.gather_relative(g, tables, rows)?;
-                                Some(Relative::Step { keys, values })
-                            }
-                            _ => None,
+                        let k = linear(g, &layer.self_attn.k_proj, h, "k_proj")?;
+                        self.split_step_heads(g, &k, &new_k);
+                        let v = linear(g, &layer.self_attn.v_proj, h, "v_proj")?;
+                        self.split_step_heads(g, &v, &new_v);
+                        let tables = match &layer.self_attn.relative {
+                            Some(tables) => Some(self.relative_tables(g, tables)?),
+                            None => None,
                         };
-                        self.attend(
-                            g,
-                            &layer.self_attn,
-                            h,
-                            (&present_k, &present_v),
-                            &self_bias,
-                            relative.as_ref(),
-                        )
+                        let cache = LayerCache {
+                            past: (&past_k, &past_v),
+                            new: (&new_k, &new_v),
+                            tables,
+                        };
+                        self.attend_step(g, &layer.self_attn, h, &cache, &columns)
                     },
                 )?;
                 let x = residual(
@@ -690,44 +839,28 @@ impl Exporter<'_> {
                     cfg.norm,
                     "cross_attn",
                     |g, h| {
-                        self.attend(
-                            g,
-                            &layer.cross_attn,
-                            h,
-                            (&cross_k, &cross_v),
-                            &cross_bias,
-                            None,
-                        )
+                        let attended = Attended {
+                            keys: &cross_k,
+                            values: &cross_v,
+                            bias: &cross_bias,
+                        };
+                        self.attend(g, &layer.cross_attn, h, attended, None, true)
                     },
                 )?;
                 residual(g, &x, &layer.ffn_norm, cfg.norm, "ffn", |g, h| {
                     self.feed_forward(g, &layer.ffn, h)
                 })
             })?;
-            g.output(
-                &names::present(&key_state),
-                &names::present(&key_state),
-                ElemType::F32,
-                &present_axes,
-            );
-            g.output(
-                &names::present(&value_state),
-                &names::present(&value_state),
-                ElemType::F32,
-                &present_axes,
-            );
+            for state in [&key_state, &value_state] {
+                let column = names::present(state);
+                g.output(&column, &column, ElemType::F32, &column_axes);
+            }
         }
         let x = g.scoped("decoder", |g| {
             self.final_norm(g, &self.model.decoder.final_norm, x)
         })?;
         let x = g.squeeze(&x, &[1]);
         tied_logits(&mut g, &x, &table, cfg.vocab_size);
-        g.output(
-            &present_mask,
-            &present_mask,
-            ElemType::F32,
-            &["batch".into(), "present_len".into()],
-        );
         Ok(g.finish(
             "decoder_step",
             "One greedy decoding step for a batch of rows at their own positions.",
@@ -752,10 +885,7 @@ pub fn decoder_state(model: &Transformer) -> Vec<StateSpec> {
         Dim::Time,
         Dim::Fixed(config.head_dim()),
     ];
-    let mut states = vec![StateSpec {
-        name: names::SELF_MASK_STATE.to_string(),
-        dims: vec![Dim::Batch, Dim::Time],
-    }];
+    let mut states = Vec::new();
     for i in 0..config.decoder_layers {
         for name in [names::self_key_state(i), names::self_value_state(i)] {
             states.push(StateSpec {

@@ -71,9 +71,15 @@ fn encode(encoder: &mut Session, batch: &Batch) -> HashMap<String, DynValue> {
         .collect()
 }
 
-/// A decoding loop as the server runs it: one token per row per step, state carried from
-/// `present.*` to `past.*`, each row asked for its `target_lengths` entry when the decoder
-/// is length-aware. `next` picks each row's next input from the step's logits.
+/// What the step graph is fed of a cache beyond a row's own columns: a row sees only its
+/// first `position` columns, so anything finite there must not change its logits.
+const STALE_CACHE: f32 = 3.0;
+
+/// A decoding loop as the server runs it: one token per row per step, each row asked for its
+/// `target_lengths` entry when the decoder is length-aware. A state without a time axis is
+/// carried from `present.*` to `past.*`; a cache (time axis) is kept in a buffer with room
+/// for every step, written column by column at the step's position, and fed whole, stale
+/// columns included. `next` picks each row's next input from the step's logits.
 fn run_steps(
     decoder: &mut Session,
     manifest: &Manifest,
@@ -83,13 +89,19 @@ fn run_steps(
     mut next: impl FnMut(usize, usize, &[f32]) -> u32,
 ) {
     let rows = target_lengths.len();
-    let mut state: HashMap<String, DynValue> = manifest
+    let mut state: HashMap<String, ndarray::ArrayD<f32>> = manifest
         .decoder_state
         .iter()
         .map(|spec| {
-            let shape = spec.initial_shape(rows);
-            let zeros = vec![0.0; shape.iter().product()];
-            (spec.name.clone(), f32_tensor(shape, zeros))
+            let mut shape = spec.initial_shape(rows);
+            let value = match spec.time_axis() {
+                Some(t) => {
+                    shape[t] = steps + 2;
+                    ndarray::ArrayD::from_elem(shape, STALE_CACHE)
+                }
+                None => ndarray::ArrayD::zeros(shape),
+            };
+            (spec.name.clone(), value)
         })
         .collect();
     let mut tokens = vec![special::BOS as i64; rows];
@@ -114,17 +126,30 @@ fn run_steps(
             inputs.push((name.clone(), value.view().into()));
         }
         for (name, value) in &state {
-            inputs.push((names::past(name), value.view().into()));
+            let value = OrtTensor::from_array(value.clone()).unwrap().into_dyn();
+            inputs.push((names::past(name), value.into()));
         }
-        let mut outputs = decoder.run(inputs).unwrap();
+        let outputs = decoder.run(inputs).unwrap();
         let (shape, logits) = extract(&outputs[names::LOGITS]);
         let vocab = shape[1];
         for (row, token) in tokens.iter_mut().enumerate() {
             *token = next(step, row, &logits[row * vocab..(row + 1) * vocab]) as i64;
         }
         for spec in &manifest.decoder_state {
-            let value = outputs.remove(names::present(&spec.name)).unwrap();
-            state.insert(spec.name.clone(), value);
+            let present = outputs[names::present(&spec.name).as_str()]
+                .try_extract_array::<f32>()
+                .unwrap();
+            let buffer = state.get_mut(&spec.name).unwrap();
+            match spec.time_axis() {
+                Some(t) => {
+                    let t = ndarray::Axis(t);
+                    assert_eq!(present.len_of(t), 1, "{}: one column a step", spec.name);
+                    buffer
+                        .index_axis_mut(t, step)
+                        .assign(&present.index_axis(t, 0));
+                }
+                None => buffer.assign(&present),
+            }
         }
     }
 }

@@ -166,7 +166,10 @@ fn teacher_forced_argmax(
 ) -> Vec<Vec<u32>> {
     let sources: Vec<Vec<i64>> = examples.iter().map(|e| ids(&e.source)).collect();
     let sources: Vec<&[i64]> = sources.iter().map(Vec::as_slice).collect();
-    let mut rows = backend.encode(&sources).unwrap();
+    let encoded = backend.encode(&sources).unwrap();
+    let mut rows = nmt_server::onnx::OrtRows::default();
+    let slots: Vec<usize> = (0..sources.len()).collect();
+    backend.place(&mut rows, encoded, &slots).unwrap();
     let lengths: Vec<i64> = examples.iter().map(|e| e.target.len() as i64).collect();
     let steps = fed.iter().map(|f| f.len() + 1).max().unwrap();
     let mut argmax = vec![Vec::new(); examples.len()];

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use crate::{files, ConfigError, ModelConfig};
 
 /// Bumped whenever a server built for an older layout could misread a package.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -23,7 +23,11 @@ pub enum ManifestError {
     Json(#[from] serde_json::Error),
     #[error("invalid model config: {0}")]
     Config(#[from] ConfigError),
-    #[error("package format {found} is not supported (this build reads {FORMAT_VERSION})")]
+    #[error(
+        "package format {found} is not supported (this build reads {FORMAT_VERSION}); \
+         a package of format 1 carries its whole KV cache through every step: export it \
+         again (`nmt-export checkpoint`, then `nmt-export`)"
+    )]
     FormatVersion { found: u32 },
     #[error("limits: {0}")]
     Limits(String),
@@ -41,13 +45,17 @@ pub enum ManifestError {
 pub enum Dim {
     /// Rows of the decoding batch; always axis 0.
     Batch,
-    /// Grows by one every step (a KV cache, its mask); 0 at the first step.
+    /// A cache's positions (a KV cache): `past.<name>` holds at least the row's position
+    /// many columns, of which the first `positions[row]` are the row's; `present.<name>` is
+    /// this step's column alone (length 1), which the server writes at column
+    /// `positions[row]`. 0 at the first step.
     Time,
     Fixed(usize),
 }
 
 /// A `past.<name>` / `present.<name>` pair. The first step is fed zeros of this shape with
-/// `Time` = 0 and `Batch` = rows.
+/// `Time` = 0 and `Batch` = rows. Without a `Time` axis, `present.<name>` is the next step's
+/// `past.<name>`; with one, it is the column written at the row's position ([`Dim::Time`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateSpec {
     pub name: String,
@@ -210,17 +218,25 @@ pub struct ExternalFile {
 impl Manifest {
     /// Reads `dir/manifest.json`, validates it and checks every listed file's checksum.
     pub fn load(dir: &Path) -> Result<Self, ManifestError> {
+        let manifest = Self::load_any_format(dir)?;
+        if manifest.format_version != FORMAT_VERSION {
+            return Err(ManifestError::FormatVersion {
+                found: manifest.format_version,
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// [`Manifest::load`] for a package of any format: for reading its weights back
+    /// (`nmt-export checkpoint`), which every format names and lays out alike; the formats
+    /// differ in how the decoder graph carries its cache.
+    pub fn load_any_format(dir: &Path) -> Result<Self, ManifestError> {
         let path = dir.join(files::MANIFEST);
         let text = std::fs::read_to_string(&path).map_err(|source| ManifestError::Io {
             path: path.display().to_string(),
             source,
         })?;
         let manifest: Manifest = serde_json::from_str(&text)?;
-        if manifest.format_version != FORMAT_VERSION {
-            return Err(ManifestError::FormatVersion {
-                found: manifest.format_version,
-            });
-        }
         manifest.config.validate()?;
         manifest.limits.check(&manifest.config)?;
         for (file, expected) in &manifest.files {

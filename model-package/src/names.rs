@@ -8,14 +8,17 @@
 //! Decoder, one step for a batch of rows that may sit at different positions:
 //! `target_ids` `[batch]` i64 (the previous token), `positions` `[batch]` i64 (its position,
 //! 0 for BOS), every `memory.*`, and every `past.<state>` in; `logits` `[batch, vocab]` and
-//! `present.<state>` out. `present.<state>` is the next step's `past.<state>`. The states are
-//! listed in the manifest with their shapes; the server treats them as opaque.
+//! `present.<state>` out. The states are listed in the manifest with their shapes. A state
+//! without a time axis is carried whole: `present.<state>` is the next step's
+//! `past.<state>`. A state with one is a cache the server keeps in place: `past.<state>` has
+//! at least `positions[r]` columns, of which row `r` owns the first `positions[r]` (the graph
+//! masks the rest by the position, whatever they hold), and `present.<state>` is this step's
+//! column alone, which the server writes at column `positions[r]` of row `r`. So the graph
+//! never copies a cache, and a row that joins or leaves a batch moves no other row's.
 //!
-//! Zero padding means "absent": the server zero-pads any non-batch axis of a memory or state
-//! tensor when rows of different source or cache lengths share a batch (a row that joins a
-//! running batch gets masked cache columns). Graphs must therefore read a 0 in
-//! `memory.source_mask` or in a key mask state as padding, and must give zero state the
-//! meaning of "nothing seen yet".
+//! Zero padding means "absent" in the memory: rows of different source lengths share a
+//! batch padded with zeros, so graphs must read a 0 in `memory.source_mask` as padding, and
+//! must give zero state the meaning of "nothing seen yet".
 
 pub const SOURCE_IDS: &str = "source_ids";
 pub const SOURCE_MASK: &str = "source_mask";
@@ -66,9 +69,6 @@ pub fn lstm_cell_state(layer: usize) -> String {
 }
 /// RNN-NMT's input feed: the previous step's attentional vector `[batch, d]`.
 pub const INPUT_FEED_STATE: &str = "input_feed";
-
-/// 1 for every cached target position that is real, 0 for padding the batcher inserted.
-pub const SELF_MASK_STATE: &str = "self_mask";
 
 pub fn past(state: &str) -> String {
     format!("{PAST_PREFIX}{state}")

@@ -2,9 +2,10 @@
 //!
 //! A backend owns the model (ONNX Runtime sessions, or a test double) and runs on one worker
 //! thread; it is never shared between threads, so `&mut self` everywhere. The running batch in
-//! [`crate::decode`] only sees this trait, and continuous batching needs nothing more than its
-//! four operations: encode new rows, append them to the running rows, step all rows, drop
-//! finished rows.
+//! [`crate::decode`] only sees this trait. Its rows live in slots that stay put: a sentence
+//! that joins is encoded and written into a free slot, a step runs every slot below the
+//! batch's width, and one that leaves frees its slot, so continuous batching never copies the
+//! rows that stay (a compaction moves a row only to close holes).
 
 use ndarray::Array2;
 
@@ -20,19 +21,31 @@ pub enum BackendError {
 
 /// One model: an encoder run once per sentence and a decoder run once per output token.
 pub trait Backend {
-    /// Everything the decoder needs for a set of rows: the encoder memory and the decoder
-    /// state. Opaque to the decode loop; row `r` is the `r`-th source passed to
-    /// [`Backend::encode`] until [`Backend::retain_rows`] renumbers the rows.
-    type Rows;
+    /// The encoder memory and decoder state of a batch's slots. Opaque to the decode loop;
+    /// the default is a batch of width 0.
+    type Rows: Default;
+    /// Freshly encoded sentences, not yet in a batch.
+    type Encoded;
 
-    /// Runs the encoder on `sources` (token ids, EOS included, no padding) and returns the
-    /// rows ready for the first decoder step (empty or zero state).
-    fn encode(&mut self, sources: &[&[i64]]) -> Result<Self::Rows, BackendError>;
+    /// Runs the encoder on `sources` (token ids, EOS included, no padding).
+    fn encode(&mut self, sources: &[&[i64]]) -> Result<Self::Encoded, BackendError>;
 
-    /// One decoder step: `target_ids[r]` is the previous token of row `r` (BOS at the first
-    /// step) at position `positions[r]`, and `target_lengths[r]` the length the row is asked
-    /// for (read by length-aware decoders only). Updates the rows' state in place and returns
-    /// the logits `[rows, vocab]` of the next token.
+    /// Writes the `i`-th sentence of `new` into slot `slots[i]`, ready for its first step
+    /// (empty or zero state). A slot is either below the width (a freed one) or at or past
+    /// it, in which case the width grows to cover it; the slots between the old width and
+    /// the new one must all be in `slots`.
+    fn place(
+        &mut self,
+        rows: &mut Self::Rows,
+        new: Self::Encoded,
+        slots: &[usize],
+    ) -> Result<(), BackendError>;
+
+    /// One decoder step for every slot below the width: `target_ids[r]` is the previous token
+    /// of slot `r` (BOS at the first step) at position `positions[r]`, and `target_lengths[r]`
+    /// the length the row is asked for (read by length-aware decoders only). Updates the
+    /// state in place and returns the logits `[width, vocab]` of the next token. A freed
+    /// slot is stepped like any other; its logits are ignored.
     fn step(
         &mut self,
         rows: &mut Self::Rows,
@@ -41,23 +54,26 @@ pub trait Backend {
         target_lengths: &[i64],
     ) -> Result<Array2<f32>, BackendError>;
 
-    /// Appends `new` (fresh from [`Backend::encode`]) after the rows of `rows`, which may
-    /// already have taken steps: the new rows' state must line up with the old rows' cache.
-    fn append(&mut self, rows: &mut Self::Rows, new: Self::Rows) -> Result<(), BackendError>;
+    /// Copies slot `from`'s memory and state over slot `to` (closing a hole).
+    fn move_row(
+        &mut self,
+        rows: &mut Self::Rows,
+        from: usize,
+        to: usize,
+    ) -> Result<(), BackendError>;
 
-    /// Keeps only the rows at `keep` (ascending indices into the current rows), in that
-    /// order, along axis 0 of every memory and state tensor.
-    fn retain_rows(&mut self, rows: &mut Self::Rows, keep: &[usize]) -> Result<(), BackendError>;
+    /// Narrows the batch to its first `width` slots.
+    fn truncate(&mut self, rows: &mut Self::Rows, width: usize) -> Result<(), BackendError>;
 }
 
 /// The largest |difference| between the logits two rows get alone and the logits they get
 /// sharing a running batch, which continuous batching relies on being float noise for every
 /// model package (KV caches, recurrent state, whatever the graphs carry).
 ///
-/// `long` runs 5 steps; `short` joins after `long`'s third (its cache is padded to three
-/// masked columns and its source memory is shorter), then `long` leaves, so the padding is
-/// trimmed, and `short` takes its third step alone. Both are fed `fed` (BOS first); a
-/// length-aware model is asked for 6 tokens of `long` and 4 of `short`.
+/// `long` runs 5 steps in slot 0; `short` joins slot 1 after `long`'s third (its cache is
+/// empty where `long`'s has three columns, and its source memory is shorter), then `long`
+/// leaves and `short` is moved into slot 0 and takes its third step alone. Both are fed
+/// `fed` (BOS first); a length-aware model is asked for 6 tokens of `long` and 4 of `short`.
 pub fn batching_deviation<B: Backend>(
     backend: &mut B,
     long: &[i64],
@@ -69,7 +85,9 @@ pub fn batching_deviation<B: Backend>(
     let positions = |ps: &[usize]| ps.iter().map(|&p| p as i64).collect::<Vec<_>>();
     let mut alone =
         |source: &[i64], length: i64, steps: usize| -> Result<Vec<Array2<f32>>, BackendError> {
-            let mut rows = backend.encode(&[source])?;
+            let mut rows = B::Rows::default();
+            let encoded = backend.encode(&[source])?;
+            backend.place(&mut rows, encoded, &[0])?;
             (0..steps)
                 .map(|p| backend.step(&mut rows, &[fed[p]], &positions(&[p]), &[length]))
                 .collect()
@@ -93,13 +111,15 @@ pub fn batching_deviation<B: Backend>(
             .fold(worst, f32::max);
         Ok(())
     };
-    let mut rows = backend.encode(&[long])?;
+    let mut rows = B::Rows::default();
+    let encoded = backend.encode(&[long])?;
+    backend.place(&mut rows, encoded, &[0])?;
     for p in 0..3 {
         let logits = backend.step(&mut rows, &[fed[p]], &positions(&[p]), &[LONG_LENGTH])?;
         compare(logits.view(), &long_alone[p])?;
     }
     let joining = backend.encode(&[short])?;
-    backend.append(&mut rows, joining)?;
+    backend.place(&mut rows, joining, &[1])?;
     for p in 0..2 {
         let logits = backend.step(
             &mut rows,
@@ -110,7 +130,8 @@ pub fn batching_deviation<B: Backend>(
         compare(logits.slice(ndarray::s![0..1, ..]), &long_alone[3 + p])?;
         compare(logits.slice(ndarray::s![1..2, ..]), &short_alone[p])?;
     }
-    backend.retain_rows(&mut rows, &[1])?;
+    backend.move_row(&mut rows, 1, 0)?;
+    backend.truncate(&mut rows, 1)?;
     let logits = backend.step(&mut rows, &[fed[2]], &positions(&[2]), &[SHORT_LENGTH])?;
     compare(logits.view(), &short_alone[2])?;
     Ok(worst)
@@ -127,8 +148,17 @@ mod tests {
 
     impl Backend for Leaky {
         type Rows = CopyRows;
+        type Encoded = CopyRows;
         fn encode(&mut self, sources: &[&[i64]]) -> Result<CopyRows, BackendError> {
             self.0.encode(sources)
+        }
+        fn place(
+            &mut self,
+            rows: &mut CopyRows,
+            new: CopyRows,
+            slots: &[usize],
+        ) -> Result<(), BackendError> {
+            self.0.place(rows, new, slots)
         }
         fn step(
             &mut self,
@@ -140,11 +170,16 @@ mod tests {
             let logits = self.0.step(rows, target_ids, positions, target_lengths)?;
             Ok(logits + 0.25 * (target_ids.len() - 1) as f32)
         }
-        fn append(&mut self, rows: &mut CopyRows, new: CopyRows) -> Result<(), BackendError> {
-            self.0.append(rows, new)
+        fn move_row(
+            &mut self,
+            rows: &mut CopyRows,
+            from: usize,
+            to: usize,
+        ) -> Result<(), BackendError> {
+            self.0.move_row(rows, from, to)
         }
-        fn retain_rows(&mut self, rows: &mut CopyRows, keep: &[usize]) -> Result<(), BackendError> {
-            self.0.retain_rows(rows, keep)
+        fn truncate(&mut self, rows: &mut CopyRows, width: usize) -> Result<(), BackendError> {
+            self.0.truncate(rows, width)
         }
     }
 

@@ -8,8 +8,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use model_package::{files, names, Dim, Manifest, StateSpec};
 use ort::value::TensorElementType;
 
-use crate::tensor;
-
 /// A graph input or output as the contract check sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Port {
@@ -30,13 +28,12 @@ impl Port {
     }
 }
 
-/// One `past.<name>` / `present.<name>` pair.
+/// One `past.<name>` / `present.<name>` pair (float32).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StateSlot {
     pub spec: StateSpec,
     pub past: String,
     pub present: String,
-    pub ty: TensorElementType,
 }
 
 /// What the check found: the names to feed, in a fixed order.
@@ -137,12 +134,9 @@ pub fn check_contract(
                 port.name,
                 names::MEMORY_PREFIX
             ));
-        } else if !port
-            .ty
-            .is_some_and(|ty| tensor::SUPPORTED_TYPES.contains(&ty))
-        {
+        } else if port.ty != Some(Float32) {
             problems.push(format!(
-                "{} output `{}` has unsupported type {:?}",
+                "{} output `{}` is {:?}; memory is float32",
                 files::ENCODER,
                 port.name,
                 port.ty
@@ -274,23 +268,25 @@ pub fn check_contract(
             }
             continue;
         };
-        let Some(ty) = past_port
-            .ty
-            .filter(|ty| tensor::SUPPORTED_TYPES.contains(ty))
-        else {
-            problems.push(format!(
-                "{} input `{past}` has unsupported type {:?}",
-                files::DECODER,
-                past_port.ty
-            ));
-            continue;
-        };
-        if present_port.ty != Some(ty) {
-            problems.push(format!(
-                "{} output `{present}` is {:?} but `{past}` is {ty:?}",
-                files::DECODER,
-                present_port.ty
-            ));
+        for port in [past_port, present_port] {
+            if port.ty != Some(Float32) {
+                problems.push(format!(
+                    "{} `{}` is {:?}; decoder state is float32",
+                    files::DECODER,
+                    port.name,
+                    port.ty
+                ));
+            }
+        }
+        if let Some(axis) = spec.time_axis() {
+            if present_port.shape.get(axis) != Some(&1) {
+                problems.push(format!(
+                    "{} output `{present}` must be this step's cache column alone (size 1 on \
+                     axis {axis}), not {:?}",
+                    files::DECODER,
+                    present_port.shape
+                ));
+            }
         }
         for port in [past_port, present_port] {
             if port.shape.len() != spec.dims.len() {
@@ -320,7 +316,6 @@ pub fn check_contract(
             spec: spec.clone(),
             past,
             present,
-            ty,
         });
     }
     for name in dec_in.keys() {
@@ -380,12 +375,12 @@ mod tests {
                 Port::new("memory.source_mask", Float32, &[-1, -1]),
                 Port::new("memory.cross_key.0", Float32, &[-1, 2, -1, 4]),
                 Port::new("past.self_key.0", Float32, &[-1, 2, -1, 4]),
-                Port::new("past.self_mask", Float32, &[-1, -1]),
+                Port::new("past.position_rnn.h", Float32, &[-1, 4]),
             ],
             dec_out: vec![
                 Port::new("logits", Float32, &[-1, 34]),
-                Port::new("present.self_key.0", Float32, &[-1, 2, -1, 4]),
-                Port::new("present.self_mask", Float32, &[-1, -1]),
+                Port::new("present.self_key.0", Float32, &[-1, 2, 1, 4]),
+                Port::new("present.position_rnn.h", Float32, &[-1, 4]),
             ],
         }
     }
@@ -410,7 +405,7 @@ mod tests {
             states,
             vec![
                 ("past.self_key.0", "present.self_key.0"),
-                ("past.self_mask", "present.self_mask")
+                ("past.position_rnn.h", "present.position_rnn.h")
             ]
         );
     }
@@ -439,11 +434,11 @@ mod tests {
     #[test]
     fn missing_and_extra_names_are_all_reported() {
         let mut g = graphs();
-        g.dec_in.retain(|p| p.name != "past.self_mask");
+        g.dec_in.retain(|p| p.name != "past.position_rnn.h");
         g.dec_out.push(Port::new("present.extra", Float32, &[-1]));
         g.enc_out.push(Port::new("hidden", Float32, &[-1, -1, 32]));
         let err = check(&g, &manifest()).unwrap_err().to_string();
-        assert!(err.contains("no input `past.self_mask`"), "{err}");
+        assert!(err.contains("no input `past.position_rnn.h`"), "{err}");
         assert!(err.contains("output `present.extra`"), "{err}");
         assert!(err.contains("`hidden` is not named `memory.*`"), "{err}");
         assert!(
@@ -459,6 +454,8 @@ mod tests {
         g.dec_out[0] = Port::new("logits", Float32, &[-1, 99]);
         g.dec_in[0] = Port::new("target_ids", Int64, &[-1, 1]);
         g.enc_in[1] = Port::new("source_mask", Int64, &[-1, -1]);
+        g.dec_out[1] = Port::new("present.self_key.0", Float32, &[-1, 2, -1, 4]);
+        g.dec_out[2] = Port::new("present.position_rnn.h", Int64, &[-1, 4]);
         let err = check(&g, &manifest()).unwrap_err().to_string();
         assert!(
             err.contains("`past.self_key.0` has size 3 on axis 1"),
@@ -467,6 +464,14 @@ mod tests {
         assert!(err.contains("99 columns"), "{err}");
         assert!(err.contains("`target_ids` has rank 2"), "{err}");
         assert!(err.contains("`source_mask` is Some(Int64)"), "{err}");
+        assert!(
+            err.contains("`present.self_key.0` must be this step's cache column alone"),
+            "{err}"
+        );
+        assert!(
+            err.contains("`present.position_rnn.h` is Some(Int64); decoder state is float32"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Greedy decoding with the KV cache over a running batch that sequences join and leave
 //! between steps (continuous batching).
 //!
-//! Every step feeds one token per row; the backend carries the cache (the
-//! `past.*`/`present.*` state) between steps. A row stops at EOS or at its own length
-//! budget and leaves the batch before the next step, so a short sentence batched with a long
-//! one costs nothing once it is done, and a new sentence does not wait for the long one.
+//! Every step feeds one token per row; the backend keeps each row's cache in its slot between
+//! steps. A row stops at EOS or at its own length budget and frees its slot, so a short
+//! sentence batched with a long one costs nothing once it is done, and a new sentence does
+//! not wait for the long one: it takes a free slot, or one past the end.
 
 use crate::backend::{Backend, BackendError};
 use crate::logits::EosRule;
@@ -71,26 +71,26 @@ struct Sequence<T> {
     target_length: i64,
 }
 
-/// A row of the backend's batch.
+/// A slot of the backend's batch.
 enum Row<T> {
     Live(Sequence<T>),
-    /// A finished or cancelled row still in the backend's tensors, fed EOS at a frozen
-    /// position until the next compaction; its logits are ignored.
+    /// A finished or cancelled row's slot, free for the next sentence to join, stepped
+    /// (fed EOS at a frozen position, its logits ignored) until then or until compaction.
     Ghost {
         position: i64,
         target_length: i64,
     },
 }
 
-/// Rows are only physically removed once ghosts make up this fraction of the batch (or a
-/// new row joins): removal copies every memory and cache tensor, which for a large batch
-/// costs about as much as a decoder step, while a ghost costs one row of a step.
+/// Free slots below the last live one are closed (the last live rows moved into them) once
+/// they make up this fraction of the batch: a move copies one row's memory and cache, while
+/// a free slot costs one row of every step until a new sentence takes it.
 const GHOST_FRACTION_TO_COMPACT: f64 = 0.25;
 
 /// The rows being decoded, each tagged by the caller with a `T` that says whose it is.
-/// Row `r` of the backend's rows is `rows[r]`.
+/// Slot `r` of the backend's rows is `rows[r]`.
 pub struct RunningBatch<B: Backend, T> {
-    tensors: Option<B::Rows>,
+    tensors: B::Rows,
     rows: Vec<Row<T>>,
     live: usize,
 }
@@ -98,7 +98,7 @@ pub struct RunningBatch<B: Backend, T> {
 impl<B: Backend, T> Default for RunningBatch<B, T> {
     fn default() -> Self {
         RunningBatch {
-            tensors: None,
+            tensors: B::Rows::default(),
             rows: Vec::new(),
             live: 0,
         }
@@ -128,9 +128,9 @@ impl<B: Backend, T> RunningBatch<B, T> {
         })
     }
 
-    /// Encodes `inputs` and adds them to the batch; they take their first step with the
-    /// next [`RunningBatch::step`]. Inputs with a zero budget finish at once and are
-    /// returned.
+    /// Encodes `inputs` and adds them to the batch, in free slots first; they take their
+    /// first step with the next [`RunningBatch::step`]. Inputs with a zero budget finish at
+    /// once and are returned.
     pub fn join(
         &mut self,
         backend: &mut B,
@@ -145,22 +145,24 @@ impl<B: Backend, T> RunningBatch<B, T> {
                 .map(|(_, input)| input.source_ids.as_slice())
                 .collect();
             let new = backend.encode(&sources)?;
-            // Appending copies every tensor anyway: drop the ghosts first.
-            self.compact(backend, true)?;
-            match self.tensors.as_mut() {
-                Some(tensors) => backend.append(tensors, new)?,
-                None => self.tensors = Some(new),
-            }
+            let free = (0..self.rows.len()).filter(|&r| matches!(self.rows[r], Row::Ghost { .. }));
+            let slots: Vec<usize> = free.chain(self.rows.len()..).take(joining.len()).collect();
+            backend.place(&mut self.tensors, new, &slots)?;
             self.live += joining.len();
-            self.rows.extend(joining.into_iter().map(|(tag, input)| {
-                Row::Live(Sequence {
+            for ((tag, input), slot) in joining.into_iter().zip(slots) {
+                let row = Row::Live(Sequence {
                     tag,
                     ids: Vec::with_capacity(input.max_output_tokens),
                     eos: input.eos,
                     max_tokens: input.max_output_tokens,
                     target_length: input.target_length.unwrap_or(0) as i64,
-                })
-            }));
+                });
+                if slot < self.rows.len() {
+                    self.rows[slot] = row;
+                } else {
+                    self.rows.push(row);
+                }
+            }
         }
         Ok(empty
             .into_iter()
@@ -180,9 +182,9 @@ impl<B: Backend, T> RunningBatch<B, T> {
         backend: &mut B,
         special: SpecialIds,
     ) -> Result<Vec<(T, DecodeOutput)>, BackendError> {
-        let Some(tensors) = self.tensors.as_mut() else {
+        if self.rows.is_empty() {
             return Ok(Vec::new());
-        };
+        }
         let n = self.rows.len();
         let mut target_ids = Vec::with_capacity(n);
         let mut positions = Vec::with_capacity(n);
@@ -203,7 +205,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
             positions.push(position);
             target_lengths.push(length);
         }
-        let logits = backend.step(tensors, &target_ids, &positions, &target_lengths)?;
+        let logits = backend.step(&mut self.tensors, &target_ids, &positions, &target_lengths)?;
         if logits.nrows() != self.rows.len() {
             return Err(BackendError::Contract(format!(
                 "logits have {} rows for a batch of {}",
@@ -241,7 +243,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
             }
         }
         self.live -= finished.len();
-        self.compact(backend, false)?;
+        self.compact(backend)?;
         Ok(finished)
     }
 
@@ -267,13 +269,13 @@ impl<B: Backend, T> RunningBatch<B, T> {
             }
         }
         self.live -= removed.len();
-        self.compact(backend, false)?;
+        self.compact(backend)?;
         Ok(removed)
     }
 
     /// Empties the batch (after a failure) and returns the tags of the rows it held.
     pub fn clear(&mut self) -> Vec<T> {
-        self.tensors = None;
+        self.tensors = B::Rows::default();
         self.live = 0;
         self.rows
             .drain(..)
@@ -284,28 +286,43 @@ impl<B: Backend, T> RunningBatch<B, T> {
             .collect()
     }
 
-    /// Drops the ghost rows from the backend's tensors when there are enough of them (or
-    /// any, with `always`).
-    fn compact(&mut self, backend: &mut B, always: bool) -> Result<(), BackendError> {
-        let ghosts = self.rows.len() - self.live;
-        if ghosts == 0 {
-            return Ok(());
-        }
+    /// Narrows the batch past its last live row (which copies nothing), and closes the free
+    /// slots below it when there are enough of them.
+    fn compact(&mut self, backend: &mut B) -> Result<(), BackendError> {
         if self.live == 0 {
-            self.tensors = None;
+            // Gives the buffers back: an idle batch holds no memory.
+            self.tensors = B::Rows::default();
             self.rows.clear();
             return Ok(());
         }
-        if !always && (ghosts as f64) < GHOST_FRACTION_TO_COMPACT * self.rows.len() as f64 {
-            return Ok(());
+        let ghosts = self.rows.len() - self.live;
+        if (ghosts as f64) >= GHOST_FRACTION_TO_COMPACT * self.rows.len() as f64 {
+            let mut hole = 0;
+            loop {
+                let last = self
+                    .rows
+                    .iter()
+                    .rposition(|row| matches!(row, Row::Live(_)));
+                let Some(last) = last else { break };
+                while hole < last && matches!(self.rows[hole], Row::Live(_)) {
+                    hole += 1;
+                }
+                if hole >= last {
+                    break;
+                }
+                backend.move_row(&mut self.tensors, last, hole)?;
+                self.rows.swap(hole, last);
+            }
         }
-        let keep: Vec<usize> = (0..self.rows.len())
-            .filter(|&r| matches!(self.rows[r], Row::Live(_)))
-            .collect();
-        if let Some(tensors) = self.tensors.as_mut() {
-            backend.retain_rows(tensors, &keep)?;
+        let width = self
+            .rows
+            .iter()
+            .rposition(|row| matches!(row, Row::Live(_)))
+            .map_or(0, |last| last + 1);
+        if width < self.rows.len() {
+            backend.truncate(&mut self.tensors, width)?;
+            self.rows.truncate(width);
         }
-        self.rows.retain(|row| matches!(row, Row::Live(_)));
         Ok(())
     }
 }

@@ -45,7 +45,7 @@ pub mod predictor;
 pub mod request_id;
 pub mod scheduler;
 pub mod server;
-pub mod tensor;
+pub mod slots;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod web;

@@ -15,11 +15,11 @@ use ndarray::{Array2, Ix2};
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
-use ort::value::{DynValue, Outlet, Tensor};
+use ort::value::{Outlet, Tensor, TensorRef};
 
 use crate::backend::{Backend, BackendError};
 use crate::contract::{check_contract, Layout, Port};
-use crate::tensor;
+use crate::slots::{time_room, SlotBuffer};
 
 /// The environment variable naming the ONNX Runtime shared library.
 pub const ORT_DYLIB_ENV: &str = "ORT_DYLIB_PATH";
@@ -170,26 +170,24 @@ pub struct OrtBackend {
     execution_provider: &'static str,
 }
 
-/// The live rows of a batch: encoder memory and decoder state, batch-first.
-///
-/// Rows that join a running batch get a cache padded with zeros (masked) up to the batch's
-/// cache length. `joined_at[r]` is the cache length when row `r` joined: columns before the
-/// smallest `joined_at` are padding for every row, and are dropped when rows leave, so a
-/// batch that never empties under steady traffic does not grow its cache without bound.
+/// The slots of a batch: encoder memory and decoder state, each kept in place in a
+/// [`SlotBuffer`], and what the first `width` slots hold.
+#[derive(Default)]
 pub struct OrtRows {
-    /// Aligned with `Layout::memory`.
-    memory: Vec<DynValue>,
+    /// Aligned with `Layout::memory`; empty until the first row is placed.
+    memory: Vec<SlotBuffer>,
     /// Aligned with `Layout::states`.
-    state: Vec<DynValue>,
-    /// Length of the time axis of every state that has one.
-    cache_len: usize,
-    joined_at: Vec<usize>,
+    state: Vec<SlotBuffer>,
+    width: usize,
+    /// `memory_shapes[m][slot]`: the shape of memory `m`'s row in `slot` (its source's
+    /// length), so the memory's room shrinks when the longest source leaves.
+    memory_shapes: Vec<Vec<Vec<usize>>>,
 }
 
-impl OrtRows {
-    fn rows(&self) -> usize {
-        self.joined_at.len()
-    }
+/// Sentences fresh from the encoder: every memory output, batch-first.
+pub struct OrtEncoded {
+    memory: Vec<ndarray::ArrayD<f32>>,
+    rows: usize,
 }
 
 fn ort_error<R>(context: &str) -> impl FnOnce(ort::Error<R>) -> BackendError + '_ {
@@ -249,18 +247,48 @@ impl OrtBackend {
     }
 }
 
-fn batch_of(value: &DynValue) -> Option<usize> {
-    value
-        .dtype()
-        .tensor_shape()
-        .and_then(|s| s.first().copied())
-        .map(|d| d.max(0) as usize)
+impl OrtBackend {
+    /// Memory and state buffers for a batch that has none yet.
+    fn allocate(&self, rows: &mut OrtRows, encoded: &OrtEncoded) {
+        if !rows.memory.is_empty() {
+            return;
+        }
+        rows.memory = encoded
+            .memory
+            .iter()
+            .map(|m| SlotBuffer::new(m.ndim() - 1))
+            .collect();
+        rows.memory_shapes = vec![Vec::new(); encoded.memory.len()];
+        rows.state = self
+            .layout
+            .states
+            .iter()
+            .map(|slot| SlotBuffer::new(slot.spec.dims.len() - 1))
+            .collect();
+    }
+
+    /// Gives the memory back the room the longest source in the batch no longer needs.
+    fn fit_memory(rows: &mut OrtRows) {
+        for (buffer, shapes) in rows.memory.iter_mut().zip(&rows.memory_shapes) {
+            let live = &shapes[..rows.width];
+            for axis in 0..buffer.capacity().len() - 1 {
+                let needed = live.iter().map(|s| s[axis]).max().unwrap_or(0);
+                let room = buffer.capacity()[axis + 1];
+                // A quarter of slack spares a copy each time a source a little shorter
+                // than the longest leaves.
+                if room > needed + needed / 4 {
+                    buffer.set_room(axis, needed);
+                }
+            }
+        }
+    }
 }
 
 impl Backend for OrtBackend {
     type Rows = OrtRows;
+    type Encoded = OrtEncoded;
 
-    fn encode(&mut self, sources: &[&[i64]]) -> Result<OrtRows, BackendError> {
+    fn encode(&mut self, sources: &[&[i64]]) -> Result<OrtEncoded, BackendError> {
         let batch = sources.len();
         let len = sources.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
         let mut ids = vec![self.pad_id; batch * len];
@@ -271,7 +299,7 @@ impl Backend for OrtBackend {
         }
         let ids = Tensor::from_array(([batch, len], ids)).map_err(ort_error("source_ids"))?;
         let mask = Tensor::from_array(([batch, len], mask)).map_err(ort_error("source_mask"))?;
-        let mut outputs = self
+        let outputs = self
             .encoder
             .run(ort::inputs! {
                 names::SOURCE_IDS => ids,
@@ -280,30 +308,82 @@ impl Backend for OrtBackend {
             .map_err(ort_error("running the encoder"))?;
         let mut memory = Vec::with_capacity(self.layout.memory.len());
         for name in &self.layout.memory {
-            let value = outputs.remove(name).ok_or_else(|| {
+            let value = outputs.get(name.as_str()).ok_or_else(|| {
                 BackendError::Contract(format!("the encoder did not return `{name}`"))
             })?;
-            if batch_of(&value) != Some(batch) {
+            let array = value
+                .try_extract_array::<f32>()
+                .map_err(ort_error("reading the encoder's output"))?;
+            if array.ndim() == 0 || array.shape()[0] != batch {
                 return Err(BackendError::Contract(format!(
                     "encoder output `{name}` has shape {:?}, expected batch {batch} first",
-                    value.dtype().tensor_shape()
+                    array.shape()
                 )));
             }
-            memory.push(value);
+            memory.push(array.to_owned());
         }
-        let state = self
-            .layout
-            .states
-            .iter()
-            .map(|slot| tensor::zeros(slot.ty, &slot.spec.initial_shape(batch)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(BackendError::Inference)?;
-        Ok(OrtRows {
+        Ok(OrtEncoded {
             memory,
-            state,
-            cache_len: 0,
-            joined_at: vec![0; batch],
+            rows: batch,
         })
+    }
+
+    fn place(
+        &mut self,
+        rows: &mut OrtRows,
+        new: OrtEncoded,
+        slots: &[usize],
+    ) -> Result<(), BackendError> {
+        if slots.len() != new.rows {
+            return Err(BackendError::Inference(format!(
+                "{} encoded rows for {} slots",
+                new.rows,
+                slots.len()
+            )));
+        }
+        let width = slots
+            .iter()
+            .map(|&s| s + 1)
+            .max()
+            .unwrap_or(0)
+            .max(rows.width);
+        let widened: std::collections::BTreeSet<usize> =
+            slots.iter().copied().filter(|&s| s >= rows.width).collect();
+        if widened.len() != width - rows.width {
+            return Err(BackendError::Inference(format!(
+                "slots {slots:?} leave a hole past the batch's width {}",
+                rows.width
+            )));
+        }
+        self.allocate(rows, &new);
+        for ((buffer, shapes), memory) in rows
+            .memory
+            .iter_mut()
+            .zip(rows.memory_shapes.iter_mut())
+            .zip(&new.memory)
+        {
+            buffer.reserve(width, &memory.shape()[1..]);
+            shapes.resize(width, Vec::new());
+            for (row, &slot) in slots.iter().enumerate() {
+                let row = memory.index_axis(ndarray::Axis(0), row);
+                buffer.write_row(slot, &row);
+                shapes[slot] = row.shape().to_vec();
+            }
+        }
+        for (buffer, slot_spec) in rows.state.iter_mut().zip(&self.layout.states) {
+            let mut row_shape = slot_spec.spec.initial_shape(0)[1..].to_vec();
+            if let Some(axis) = slot_spec.spec.time_axis() {
+                // A cache keeps its room; the new row owns none of its columns yet.
+                row_shape[axis - 1] = buffer.capacity()[axis];
+            }
+            buffer.reserve(width, &row_shape);
+            if slot_spec.spec.time_axis().is_none() {
+                slots.iter().for_each(|&slot| buffer.clear_row(slot));
+            }
+        }
+        rows.width = width;
+        Self::fit_memory(rows);
+        Ok(())
     }
 
     fn step(
@@ -313,7 +393,7 @@ impl Backend for OrtBackend {
         positions: &[i64],
         target_lengths: &[i64],
     ) -> Result<Array2<f32>, BackendError> {
-        let n = rows.rows();
+        let n = rows.width;
         if target_ids.len() != n || positions.len() != n || target_lengths.len() != n {
             return Err(BackendError::Inference(format!(
                 "step got {} target ids, {} positions and {} target lengths for {n} rows",
@@ -322,12 +402,27 @@ impl Backend for OrtBackend {
                 target_lengths.len()
             )));
         }
+        if positions.iter().any(|&p| p < 0) {
+            return Err(BackendError::Inference(format!(
+                "negative position in {positions:?}"
+            )));
+        }
+        // Room for every row's column of this step, and not much more.
+        let needed = positions.iter().map(|&p| p as usize + 1).max().unwrap_or(1);
+        for (buffer, slot) in rows.state.iter_mut().zip(&self.layout.states) {
+            if let Some(axis) = slot.spec.time_axis() {
+                let room = buffer.capacity()[axis];
+                if room < needed || room > 2 * time_room(needed) {
+                    buffer.set_room(axis - 1, time_room(needed));
+                }
+            }
+        }
         let target =
             Tensor::from_array(([n], target_ids.to_vec())).map_err(ort_error("target_ids"))?;
         let position =
             Tensor::from_array(([n], positions.to_vec())).map_err(ort_error("positions"))?;
         let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
-            Vec::with_capacity(2 + rows.memory.len() + rows.state.len());
+            Vec::with_capacity(3 + rows.memory.len() + rows.state.len());
         inputs.push((names::TARGET_IDS.into(), target.into()));
         inputs.push((names::POSITIONS.into(), position.into()));
         if self.layout.length_aware {
@@ -335,21 +430,23 @@ impl Backend for OrtBackend {
                 .map_err(ort_error("target_lengths"))?;
             inputs.push((names::TARGET_LENGTHS.into(), lengths.into()));
         }
-        for (name, value) in self.layout.memory.iter().zip(&rows.memory) {
-            inputs.push((name.as_str().into(), value.into()));
+        fn borrow(buffer: &SlotBuffer, n: usize) -> Result<TensorRef<'_, f32>, BackendError> {
+            TensorRef::from_array_view(buffer.view(n)).map_err(ort_error("borrowing a buffer"))
         }
-        for (slot, value) in self.layout.states.iter().zip(&rows.state) {
-            inputs.push((slot.past.as_str().into(), value.into()));
+        for (name, buffer) in self.layout.memory.iter().zip(&rows.memory) {
+            inputs.push((name.as_str().into(), borrow(buffer, n)?.into()));
         }
-        let mut outputs = self
+        for (slot, buffer) in self.layout.states.iter().zip(&rows.state) {
+            inputs.push((slot.past.as_str().into(), borrow(buffer, n)?.into()));
+        }
+        let outputs = self
             .decoder
             .run(inputs)
             .map_err(ort_error("running the decoder"))?;
 
         let logits = outputs
-            .remove(names::LOGITS)
-            .ok_or_else(|| BackendError::Contract("the decoder did not return `logits`".into()))?;
-        let logits = logits
+            .get(names::LOGITS)
+            .ok_or_else(|| BackendError::Contract("the decoder did not return `logits`".into()))?
             .try_extract_array::<f32>()
             .map_err(ort_error("reading logits"))?
             .into_dimensionality::<Ix2>()
@@ -361,76 +458,58 @@ impl Backend for OrtBackend {
                 logits.shape()
             )));
         }
-        let mut state = Vec::with_capacity(self.layout.states.len());
-        for slot in &self.layout.states {
-            let value = outputs.remove(&slot.present).ok_or_else(|| {
-                BackendError::Contract(format!("the decoder did not return `{}`", slot.present))
-            })?;
-            if batch_of(&value) != Some(n) {
+        for (slot, buffer) in self.layout.states.iter().zip(rows.state.iter_mut()) {
+            let present = outputs
+                .get(slot.present.as_str())
+                .ok_or_else(|| {
+                    BackendError::Contract(format!("the decoder did not return `{}`", slot.present))
+                })?
+                .try_extract_array::<f32>()
+                .map_err(ort_error("reading the decoder's state"))?;
+            let mut expected = buffer.capacity().to_vec();
+            expected[0] = n;
+            if let Some(axis) = slot.spec.time_axis() {
+                expected[axis] = 1;
+            }
+            if present.shape() != expected.as_slice() {
                 return Err(BackendError::Contract(format!(
-                    "decoder output `{}` has shape {:?}, expected batch {n} first",
+                    "decoder output `{}` has shape {:?}, expected {expected:?}",
                     slot.present,
-                    value.dtype().tensor_shape()
+                    present.shape()
                 )));
             }
-            state.push(value);
+            match slot.spec.time_axis() {
+                Some(axis) => {
+                    for (row, &position) in positions.iter().enumerate() {
+                        let column = present.index_axis(ndarray::Axis(0), row);
+                        buffer.write_column(row, axis - 1, position as usize, &column);
+                    }
+                }
+                None => buffer.assign_rows(&present),
+            }
         }
-        drop(outputs);
-        rows.state = state;
-        rows.cache_len += 1;
         Ok(logits)
     }
 
-    fn append(&mut self, rows: &mut OrtRows, new: OrtRows) -> Result<(), BackendError> {
-        if new.cache_len != 0 {
-            return Err(BackendError::Inference(
-                "only freshly encoded rows can join a batch".into(),
-            ));
+    fn move_row(&mut self, rows: &mut OrtRows, from: usize, to: usize) -> Result<(), BackendError> {
+        if from >= rows.width || to >= rows.width {
+            return Err(BackendError::Inference(format!(
+                "cannot move slot {from} to {to} in a batch of {}",
+                rows.width
+            )));
         }
-        let stack = |old: &[DynValue], new: &[DynValue]| {
-            old.iter()
-                .zip(new)
-                .map(|(a, b)| tensor::concat_rows(a, b))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(BackendError::Inference)
-        };
-        // Both stacks are built before either is stored: a failure leaves `rows` intact.
-        let memory = stack(&rows.memory, &new.memory)?;
-        let state = stack(&rows.state, &new.state)?;
-        rows.memory = memory;
-        rows.state = state;
-        let joined = rows.cache_len;
-        rows.joined_at.extend(new.joined_at.iter().map(|_| joined));
+        for buffer in rows.memory.iter_mut().chain(rows.state.iter_mut()) {
+            buffer.copy_row(from, to);
+        }
+        for shapes in &mut rows.memory_shapes {
+            shapes[to] = shapes[from].clone();
+        }
         Ok(())
     }
 
-    fn retain_rows(&mut self, rows: &mut OrtRows, keep: &[usize]) -> Result<(), BackendError> {
-        let select = |values: &[DynValue]| {
-            values
-                .iter()
-                .map(|v| tensor::select_rows(v, keep))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(BackendError::Inference)
-        };
-        rows.memory = select(&rows.memory)?;
-        rows.state = select(&rows.state)?;
-        rows.joined_at = keep.iter().map(|&r| rows.joined_at[r]).collect();
-        let unused = rows
-            .joined_at
-            .iter()
-            .copied()
-            .min()
-            .unwrap_or(rows.cache_len);
-        if unused > 0 {
-            for (slot, value) in self.layout.states.iter().zip(rows.state.iter_mut()) {
-                if let Some(axis) = slot.spec.time_axis() {
-                    *value = tensor::drop_leading(value, axis, unused)
-                        .map_err(BackendError::Inference)?;
-                }
-            }
-            rows.cache_len -= unused;
-            rows.joined_at.iter_mut().for_each(|j| *j -= unused);
-        }
+    fn truncate(&mut self, rows: &mut OrtRows, width: usize) -> Result<(), BackendError> {
+        rows.width = rows.width.min(width);
+        Self::fit_memory(rows);
         Ok(())
     }
 }

@@ -30,6 +30,7 @@ use crate::scheduler::{SchedulerConfig, Translator};
 pub const VOCAB: usize = 34;
 pub const SPECIAL: SpecialIds = SpecialIds { bos: 1, eos: 2 };
 
+#[derive(Default)]
 pub struct CopyRows {
     sources: Vec<Vec<i64>>,
     /// Tokens fed so far, per row (the "KV cache").
@@ -72,6 +73,7 @@ impl Default for CopyBackend {
 
 impl Backend for CopyBackend {
     type Rows = CopyRows;
+    type Encoded = CopyRows;
 
     fn encode(&mut self, sources: &[&[i64]]) -> Result<CopyRows, BackendError> {
         Ok(CopyRows {
@@ -137,22 +139,57 @@ impl Backend for CopyBackend {
         Ok(logits)
     }
 
-    fn append(&mut self, rows: &mut CopyRows, new: CopyRows) -> Result<(), BackendError> {
-        rows.sources.extend(new.sources);
-        rows.cache.extend(new.cache);
-        rows.ghost.extend(new.ghost);
+    fn place(
+        &mut self,
+        rows: &mut CopyRows,
+        new: CopyRows,
+        slots: &[usize],
+    ) -> Result<(), BackendError> {
+        assert_eq!(new.sources.len(), slots.len());
+        let width = slots
+            .iter()
+            .map(|&s| s + 1)
+            .max()
+            .unwrap_or(0)
+            .max(rows.sources.len());
+        rows.sources.resize(width, Vec::new());
+        rows.cache.resize(width, Vec::new());
+        // A slot nobody filled would be a hole the loop does not know about.
+        let mut filled = vec![true; width];
+        filled[rows.ghost.len()..].fill(false);
+        rows.ghost.resize(width, true);
+        for (source, &slot) in new.sources.into_iter().zip(slots) {
+            rows.sources[slot] = source;
+            rows.cache[slot] = Vec::new();
+            rows.ghost[slot] = false;
+            filled[slot] = true;
+        }
+        assert!(filled.iter().all(|&f| f), "slots {slots:?} leave a hole");
         Ok(())
     }
 
-    fn retain_rows(&mut self, rows: &mut CopyRows, keep: &[usize]) -> Result<(), BackendError> {
-        rows.sources = keep.iter().map(|&r| rows.sources[r].clone()).collect();
-        rows.cache = keep.iter().map(|&r| rows.cache[r].clone()).collect();
-        rows.ghost = keep.iter().map(|&r| rows.ghost[r]).collect();
+    fn move_row(
+        &mut self,
+        rows: &mut CopyRows,
+        from: usize,
+        to: usize,
+    ) -> Result<(), BackendError> {
+        rows.sources[to] = rows.sources[from].clone();
+        rows.cache[to] = rows.cache[from].clone();
+        rows.ghost[to] = rows.ghost[from];
+        Ok(())
+    }
+
+    fn truncate(&mut self, rows: &mut CopyRows, width: usize) -> Result<(), BackendError> {
+        rows.sources.truncate(width);
+        rows.cache.truncate(width);
+        rows.ghost.truncate(width);
         Ok(())
     }
 }
 
-/// A manifest describing the dev package (two states: a 4-D KV cache and a 2-D mask).
+/// A manifest describing the dev package (two states: a 4-D KV cache and a 2-D state carried
+/// whole).
 pub fn manifest() -> model_package::Manifest {
     use model_package::{Dim, Limits, StateSpec};
     model_package::Manifest {
@@ -171,8 +208,8 @@ pub fn manifest() -> model_package::Manifest {
                 dims: vec![Dim::Batch, Dim::Fixed(2), Dim::Time, Dim::Fixed(4)],
             },
             StateSpec {
-                name: "self_mask".into(),
-                dims: vec![Dim::Batch, Dim::Time],
+                name: "position_rnn.h".into(),
+                dims: vec![Dim::Batch, Dim::Fixed(4)],
             },
         ],
         limits: Limits {

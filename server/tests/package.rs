@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use ndarray::Array2;
 use nmt_server::backend::Backend;
 use nmt_server::infer::TranslateResponse;
-use nmt_server::onnx::{self, OrtBackend, SessionOptions};
+use nmt_server::onnx::{self, OrtBackend, OrtRows, SessionOptions};
 use nmt_server::package::ModelPackage;
 use nmt_server::{app, Args};
 use tower::ServiceExt;
@@ -123,7 +123,9 @@ fn first_step_runs_from_empty_state() {
     let manifest = &package().manifest;
     let sources = [source_ids(SENTENCES[0]), source_ids(SENTENCES[1])];
     let refs: Vec<&[i64]> = sources.iter().map(|s| s.as_slice()).collect();
-    let mut rows = backend.encode(&refs).unwrap();
+    let mut rows = OrtRows::default();
+    let encoded = backend.encode(&refs).unwrap();
+    backend.place(&mut rows, encoded, &[0, 1]).unwrap();
     let bos = i64::from(manifest.bos_id);
     let logits = backend
         .step(&mut rows, &[bos, bos], &[0, 0], &[0, 0])
@@ -144,34 +146,61 @@ fn first_step_runs_from_empty_state() {
 }
 
 #[test]
-fn retained_rows_continue_like_a_fresh_batch() {
+fn moved_rows_and_refilled_slots_continue_like_a_fresh_batch() {
     let mut backend = backend();
     let bos = i64::from(package().manifest.bos_id);
-    let sources: Vec<Vec<i64>> = SENTENCES[..3].iter().map(|s| source_ids(s)).collect();
+    let sources: Vec<Vec<i64>> = SENTENCES[..4].iter().map(|s| source_ids(s)).collect();
+    let fresh = |backend: &mut OrtBackend, rows: &mut OrtRows, sources: &[&Vec<i64>], slots| {
+        let refs: Vec<&[i64]> = sources.iter().map(|s| s.as_slice()).collect();
+        let encoded = backend.encode(&refs).unwrap();
+        backend.place(rows, encoded, slots).unwrap();
+    };
 
-    // Three rows, one step, then keep rows 2 and 0 and step again.
-    let refs: Vec<&[i64]> = sources.iter().map(|s| s.as_slice()).collect();
-    let mut rows = backend.encode(&refs).unwrap();
+    // Three rows take a step. Row 1 leaves and row 2 moves into its slot; a fourth
+    // sentence then takes the freed slot 2 (its cache there holds row 2's column, which
+    // it must not see), and the three step again.
+    let mut rows = OrtRows::default();
+    fresh(
+        &mut backend,
+        &mut rows,
+        &[&sources[0], &sources[1], &sources[2]],
+        &[0, 1, 2],
+    );
     let first = backend
         .step(&mut rows, &[bos; 3], &[0; 3], &[0; 3])
         .unwrap();
-    backend.retain_rows(&mut rows, &[2, 0]).unwrap();
-    let tokens = [7i64, 11];
-    let kept = backend.step(&mut rows, &tokens, &[1, 1], &[0, 0]).unwrap();
-
-    // The same two sentences as a batch of their own.
-    let refs: Vec<&[i64]> = vec![&sources[2], &sources[0]];
-    let mut fresh_rows = backend.encode(&refs).unwrap();
-    let fresh_first = backend
-        .step(&mut fresh_rows, &[bos; 2], &[0; 2], &[0; 2])
-        .unwrap();
-    let fresh = backend
-        .step(&mut fresh_rows, &tokens, &[1, 1], &[0, 0])
+    backend.move_row(&mut rows, 2, 1).unwrap();
+    backend.truncate(&mut rows, 2).unwrap();
+    fresh(&mut backend, &mut rows, &[&sources[3]], &[2]);
+    let tokens = [7i64, 11, bos];
+    let shared = backend
+        .step(&mut rows, &tokens, &[1, 1, 0], &[0; 3])
         .unwrap();
 
-    let selected = ndarray::stack![ndarray::Axis(0), first.row(2), first.row(0)];
-    assert_close(&selected, &fresh_first, "step 0");
-    assert_close(&kept, &fresh, "step 1 after retaining rows");
+    // The same: rows 0 and 2 as a batch of their own, and the fourth alone.
+    let mut alone = OrtRows::default();
+    fresh(
+        &mut backend,
+        &mut alone,
+        &[&sources[0], &sources[2]],
+        &[0, 1],
+    );
+    let alone_first = backend
+        .step(&mut alone, &[bos; 2], &[0; 2], &[0; 2])
+        .unwrap();
+    let alone_second = backend
+        .step(&mut alone, &tokens[..2], &[1, 1], &[0, 0])
+        .unwrap();
+    let mut fourth = OrtRows::default();
+    fresh(&mut backend, &mut fourth, &[&sources[3]], &[0]);
+    let fourth_first = backend.step(&mut fourth, &[bos], &[0], &[0]).unwrap();
+
+    let selected = ndarray::stack![ndarray::Axis(0), first.row(0), first.row(2)];
+    assert_close(&selected, &alone_first, "step 0");
+    let kept = shared.slice(ndarray::s![0..2, ..]).to_owned();
+    assert_close(&kept, &alone_second, "step 1 after a move");
+    let joined = shared.slice(ndarray::s![2..3, ..]).to_owned();
+    assert_close(&joined, &fourth_first, "a sentence in a freed slot");
 }
 
 #[test]
