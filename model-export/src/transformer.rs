@@ -192,8 +192,8 @@ impl Exporter<'_> {
         g.transpose(&x, &[0, 2, 1, 3])
     }
 
-    /// [`Self::split_heads`] of a decoder step's `[batch, 1, d]`, written to `out`: with one
-    /// position, moving the heads in front of it is a reshape, not a transpose.
+    /// [`Self::split_heads`] of a decoder step's `[batch, d]`, written to `out`: with one
+    /// position, the heads go in front of it by a reshape, not a transpose.
     fn split_step_heads(&self, g: &mut Graph, x: &str, out: &str) {
         let (h, dh) = (self.config.num_heads as i64, self.config.head_dim() as i64);
         let shape = g.ints(&[0, h, 1, dh]);
@@ -264,7 +264,7 @@ impl Exporter<'_> {
     }
 
     /// `[batch, heads, len, head_dim]` -> the output projection of `[batch, len, d]` (for a
-    /// `step`'s single position, a reshape alone).
+    /// `step`'s single position, `[batch, d]` by a reshape alone).
     fn merge_heads(
         &self,
         g: &mut Graph,
@@ -274,7 +274,7 @@ impl Exporter<'_> {
     ) -> Result<String> {
         let d = self.config.d_model as i64;
         let context = if step {
-            g.reshape(context, &[0, 1, d])
+            g.reshape(context, &[0, d])
         } else {
             let context = g.transpose(context, &[0, 2, 1, 3]);
             g.reshape(&context, &[0, 0, d])
@@ -783,6 +783,10 @@ impl Exporter<'_> {
                 },
             )
         })?;
+        // From here on a step's rows are `[batch, d]`: with one position there is nothing
+        // to keep a sequence axis for, and a 2-D MatMul + Add is one Gemm to ONNX Runtime
+        // (its bias fused), where a 3-D one stays two kernels.
+        x = g.squeeze(&x, &[1]);
 
         // Every cache has the same columns, so the first layer's tells their number.
         let first_past_key = g.input(
@@ -859,7 +863,6 @@ impl Exporter<'_> {
         let x = g.scoped("decoder", |g| {
             self.final_norm(g, &self.model.decoder.final_norm, x)
         })?;
-        let x = g.squeeze(&x, &[1]);
         tied_logits(&mut g, &x, &table, cfg.vocab_size);
         Ok(g.finish(
             "decoder_step",
