@@ -112,6 +112,8 @@ def fused_linear(spec, weights, scopes):
 
 
 def layer_norm(spec, weights, scope):
+    """`scope` names the norm as the checkpoint keys it: `<sublayer>_norm` beside its sublayer
+    (`decoder.layers.0.cross_attn_norm`), or `encoder.final_norm`/`decoder.final_norm`."""
     spec.gamma = weights.get(f"{scope}.weight")
     spec.beta = weights.get(f"{scope}.bias")
 
@@ -131,7 +133,7 @@ def relative_tables(spec, weights, scope, clip):
 
 
 def self_attention(spec, weights, scope, relative_clip):
-    layer_norm(spec.layer_norm, weights, f"{scope}.self_attn_norm")
+    layer_norm(spec.layer_norm, weights, f"{scope}_norm")
     fused_linear(spec.linear[0], weights, [f"{scope}.{p}_proj" for p in "qkv"])
     linear(spec.linear[1], weights, f"{scope}.out_proj")
     if relative_clip is not None:
@@ -139,7 +141,7 @@ def self_attention(spec, weights, scope, relative_clip):
 
 
 def feed_forward(spec, weights, scope):
-    layer_norm(spec.layer_norm, weights, f"{scope}.ffn_norm")
+    layer_norm(spec.layer_norm, weights, f"{scope}_norm")
     linear(spec.linear_0, weights, f"{scope}.fc1")
     linear(spec.linear_1, weights, f"{scope}.fc2")
 
@@ -232,20 +234,20 @@ def convert(package, out, force=False, max_positions=None):
         scope = f"encoder.layers.{i}"
         self_attention(layer.self_attention, weights, f"{scope}.self_attn", clip)
         feed_forward(layer.ffn, weights, f"{scope}.ffn")
-    layer_norm(encoder.layer_norm, weights, "encoder.final_norm.norm")
+    layer_norm(encoder.layer_norm, weights, "encoder.final_norm")
 
     for i, layer in enumerate(decoder.layer):
         scope = f"decoder.layers.{i}"
         self_attention(layer.self_attention, weights, f"{scope}.self_attn", clip)
         cross = layer.attention
-        layer_norm(cross.layer_norm, weights, f"{scope}.cross_attn.cross_attn_norm")
+        layer_norm(cross.layer_norm, weights, f"{scope}.cross_attn_norm")
         linear(cross.linear[0], weights, f"{scope}.cross_attn.q_proj")
         fused_linear(
             cross.linear[1], weights, [f"{scope}.cross_attn.{p}_proj" for p in "kv"]
         )
         linear(cross.linear[2], weights, f"{scope}.cross_attn.out_proj")
         feed_forward(layer.ffn, weights, f"{scope}.ffn")
-    layer_norm(decoder.layer_norm, weights, "decoder.final_norm.norm")
+    layer_norm(decoder.layer_norm, weights, "decoder.final_norm")
 
     pieces = vocabulary(os.path.join(package, "tokenizer.json"), config["vocab_size"])
     spec.register_source_vocabulary(pieces)
