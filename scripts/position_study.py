@@ -304,7 +304,9 @@ def seen_tokens(record):
 
 
 def training_rows(record, runs):
-    rows = []
+    """The training-cost rows, then the notes kept beside a run's record (`note.md`: what its
+    clock does not show, such as a pause), each marked on its row."""
+    rows, notes = [], []
     for run in runs:
         path = os.path.join(record, "runs", run, "report.json")
         try:
@@ -312,11 +314,20 @@ def training_rows(record, runs):
         except (OSError, ValueError):
             continue
         st = r["state"]
+        mark = ""
+        note_path = os.path.join(record, "runs", run, "note.md")
+        if os.path.exists(note_path):
+            with open(note_path, encoding="utf-8") as f:
+                notes.append(f"{run}: {f.read().strip()}")
+            mark = f" ({len(notes)})"
         rows.append(
-            f"| {run} | {r['parameters']:,} | {st['step']} | {st['train_pairs']:,} | "
+            f"| {run}{mark} | {r['parameters']:,} | {st['step']} | {st['train_pairs']:,} | "
             f"{st['train_seconds'] / 60:.1f} | {r['target_tokens_per_second']:.0f} | "
             f"{fmt(st.get('last_dev_loss'), 3)} |"
         )
+    if notes:
+        rows.append("")
+        rows += [f"- ({i}) {note}" for i, note in enumerate(notes, 1)]
     return rows
 
 
