@@ -478,6 +478,47 @@ mod tests {
     }
 
     #[test]
+    fn a_joining_sentence_takes_a_freed_slot_before_widening_the_batch() {
+        let mut backend = CopyBackend::default();
+        let mut batch = RunningBatch::<CopyBackend, u32>::default();
+        // Row 1 ends after one word; the others run on.
+        let inputs = vec![
+            (0, input(&[4, 5, 6, 7, 8], 20)),
+            (1, input(&[9], 20)),
+            (2, input(&[4, 5, 6, 7, 8], 20)),
+            (3, input(&[4, 5, 6, 7, 8], 20)),
+            (4, input(&[4, 5, 6, 7, 8], 20)),
+        ];
+        batch.join(&mut backend, inputs).unwrap();
+        let mut finished = Vec::new();
+        for _ in 0..2 {
+            finished.extend(batch.step(&mut backend, SPECIAL).unwrap());
+        }
+        assert_eq!(finished.len(), 1);
+        // One free slot in five is under a quarter: it stays, and the newcomer takes it
+        // (the copy backend checks that its cache starts empty there).
+        assert_eq!(batch.rows(), 5);
+        batch
+            .join(&mut backend, vec![(5, input(&[7, 8], 20))])
+            .unwrap();
+        assert_eq!(batch.rows(), 5);
+        while !batch.is_empty() {
+            finished.extend(batch.step(&mut backend, SPECIAL).unwrap());
+        }
+        let mut outputs: Vec<(u32, Vec<u32>)> = finished
+            .into_iter()
+            .map(|(tag, out)| (tag, out.ids))
+            .collect();
+        outputs.sort();
+        assert_eq!(outputs[1], (1, vec![9]));
+        assert_eq!(outputs[5], (5, vec![7, 8]));
+        assert!(outputs
+            .iter()
+            .all(|(tag, ids)| *tag == 1 || *tag == 5 || ids.len() == 5));
+        assert_eq!(backend.step_sizes[..3], [5, 5, 5]);
+    }
+
+    #[test]
     fn cancelled_rows_leave_and_the_others_go_on() {
         let mut backend = CopyBackend::default();
         let mut batch = RunningBatch::<CopyBackend, u32>::default();
