@@ -447,7 +447,6 @@ fn run(mut args: Args) -> Result<bool> {
     let report = Report {
         date: report::utc_now(),
         command_line: report::shell_join(&std::env::args().collect::<Vec<_>>()),
-        server_bin: args.common.server_bin.display().to_string(),
         server_args: mode_args,
         nproc: nproc(),
         client_threads: args.common.client_threads,

@@ -14,7 +14,6 @@ pub struct Report {
     pub date: String,
     /// How `nmt-bench` was invoked.
     pub command_line: String,
-    pub server_bin: String,
     /// The full server argument list of every mode.
     pub server_args: Vec<ModeArgs>,
     /// `nproc` on the machine that ran both the server and the clients.
@@ -350,7 +349,6 @@ mod tests {
         let mut report = Report {
             date: utc_string(0),
             command_line: "nmt-bench".into(),
-            server_bin: "nmt-server".into(),
             server_args: vec![mode("continuous"), mode("off")],
             nproc: 2,
             client_threads: 1,

@@ -84,16 +84,11 @@ fn residual(
     }
 }
 
-/// One layer's relative vectors for the encoder's self-attention, gathered for every
-/// (query, key) pair: `[len, len, head_dim]` per table.
+/// One layer's Shaw relative vectors, keys and (unless the layer has keys only) values:
+/// its tables `[2k + 1, head_dim]` as a decoder step reads them (through
+/// [`StepRelative::rows`]), or gathered for every (query, key) pair of the encoder,
+/// `[len, len, head_dim]`.
 struct Relative {
-    keys: String,
-    values: Option<String>,
-}
-
-/// One layer's relative tables `[2k + 1, head_dim]` for a decoder step, read through the
-/// step's [`StepRelative::rows`].
-struct StepTables {
     keys: String,
     values: Option<String>,
 }
@@ -115,7 +110,7 @@ struct StepColumns {
 struct LayerCache<'a> {
     past: (&'a str, &'a str),
     new: (&'a str, &'a str),
-    tables: Option<StepTables>,
+    tables: Option<Relative>,
 }
 
 /// What a query attends to: `keys` and `values` `[batch, heads, k_len, head_dim]` and an
@@ -329,7 +324,7 @@ impl Exporter<'_> {
         let new_context = g.matmul(new_prob, new.1);
         let mut context = g.add(&past_context, &new_context);
         if let Some((
-            StepTables {
+            Relative {
                 values: Some(values),
                 ..
             },
@@ -490,14 +485,14 @@ impl Exporter<'_> {
     }
 
     /// A layer's relative tables `[2k + 1, head_dim]` as initializers.
-    fn relative_tables(&self, g: &mut Graph, tables: &RelativeTables) -> Result<StepTables> {
+    fn relative_tables(&self, g: &mut Graph, tables: &RelativeTables) -> Result<Relative> {
         let (n, dh) = tables.keys.dims2()?;
         let keys = g.weight(RELATIVE_KEYS, &[n, dh], &values(&tables.keys)?);
         let values = match &tables.values {
             Some(v) => Some(g.weight(RELATIVE_VALUES, &[n, dh], &values(v)?)),
             None => None,
         };
-        Ok(StepTables { keys, values })
+        Ok(Relative { keys, values })
     }
 
     /// A layer's tables gathered at `rows`.
@@ -507,7 +502,7 @@ impl Exporter<'_> {
         tables: &RelativeTables,
         rows: &str,
     ) -> Result<Relative> {
-        let StepTables { keys, values } = self.relative_tables(g, tables)?;
+        let Relative { keys, values } = self.relative_tables(g, tables)?;
         Ok(Relative {
             keys: g.gather(&keys, rows, 0),
             values: values.map(|v| g.gather(&v, rows, 0)),
