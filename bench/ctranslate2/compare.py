@@ -359,16 +359,21 @@ def cells_for(args, packages):
                     )
             if mode in ("one", "concurrent"):
                 clients = 1 if mode == "one" else args.clients
-                for t in args.server_threads:
+                layouts = [(1, t) for t in args.server_threads]
+                if mode == "concurrent":
+                    # The server's counterpart of CTranslate2's inter_threads: model workers.
+                    layouts += [(w, 1) for w in args.server_workers if w > 1]
+                for workers, t in layouts:
                     cells.append(
                         {
-                            "id": f"server-{precision}-{mode}-t{t}",
+                            "id": f"server-{precision}-{mode}-t{t}" + (f"-w{workers}" if workers > 1 else ""),
                             "system": "this server (HTTP)",
                             "precision": precision,
                             "mode": mode,
-                            "threads": f"intra-op {t}",
+                            "threads": f"intra-op {t}" if workers == 1 else f"{workers} workers x intra-op {t}",
                             "clients": clients,
                             "intra_threads": t,
+                            "model_workers": workers,
                             "package": packages[precision],
                         }
                     )
@@ -417,6 +422,8 @@ def worker_command(cell, args, ct2_model):
             "--server-log", os.path.join(args.work, "logs", f"{cell['id']}.server.log"),
             f"--server-arg=--intra-op-threads",
             f"--server-arg={cell['intra_threads']}",
+            "--server-arg=--model-workers",
+            f"--server-arg={cell.get('model_workers', 1)}",
             "--server-arg=--device",
             "--server-arg=cpu",
         ]
@@ -768,15 +775,17 @@ def main():
     p.add_argument("--no-ct2-inter2", dest="ct2_inter2", action="store_false",
                    help="skip CTranslate2 with inter_threads 2 x intra_threads 1 (concurrent mode)")
     p.add_argument("--our-threads", default="1,2", help="ONNX Runtime intra-op threads of the engine's batched cells")
-    p.add_argument("--our-threads-one", default="1",
+    p.add_argument("--our-threads-one", default="1,2",
                    help="ONNX Runtime intra-op threads of the engine's batch-1 cells (ONNX Runtime's "
                    "pool spins while waiting, which a machine shared with other work punishes hard "
-                   "at batch 1, and the server has no switch for it)")
+                   "at batch 1: measure on an idle machine)")
     p.add_argument("--ct2-omp-wait-policy", default="PASSIVE",
                    help="OMP_WAIT_POLICY of the CTranslate2 workers ('' leaves libgomp's default, "
                    "which spins and on a machine shared with other work made intra_threads 2 up to "
                    "ten times slower than intra_threads 1)")
-    p.add_argument("--server-threads", default="1", help="nmt-server --intra-op-threads of the HTTP cells")
+    p.add_argument("--server-threads", default="1,2", help="nmt-server --intra-op-threads of the HTTP cells (one worker)")
+    p.add_argument("--server-workers", default="2",
+                   help="nmt-server --model-workers of extra 64-client cells, each worker with one intra-op thread")
     p.add_argument("--only", help="comma-separated substrings: run only cells whose id has one")
     p.add_argument("--pause", type=float, default=0.5, help="seconds between passes, so that spinning pool threads of the previous cell go idle")
     p.add_argument("--work", default="/tmp/nmt-ct2-bench", help="converted models, outputs, logs")
@@ -796,6 +805,7 @@ def main():
     args.our_threads = [int(x) for x in args.our_threads.split(",") if x]
     args.our_threads_one = [int(x) for x in args.our_threads_one.split(",") if x]
     args.server_threads = [int(x) for x in args.server_threads.split(",") if x]
+    args.server_workers = [int(x) for x in args.server_workers.split(",") if x]
     args.reference_modes = [m for m in args.reference_modes.split(",") if m]
     if not set(args.reference_modes) <= {"one", "batch"}:
         p.error("--reference-modes takes one and batch")

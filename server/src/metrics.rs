@@ -174,21 +174,23 @@ impl Metrics {
             sequences_in_flight: gauge(
                 &r,
                 "nmt_sequences_in_flight",
-                "Texts being decoded in the running batch.",
+                "Texts being decoded in the running batches (every model worker's).",
                 &["model"],
             ),
             expected_queue_wait: float_gauge(
                 &r,
                 "nmt_expected_queue_wait_seconds",
                 "Expected time for the model to finish all the work it has accepted (queued \
-                 and running) at its measured throughput: the Retry-After of a refused request.",
+                 and running) at its measured throughput: the Retry-After of a refused request. \
+                 With several model workers, the least loaded one's, where a new request goes.",
                 &["model"],
             ),
             throughput: float_gauge(
                 &r,
                 "nmt_throughput_tokens_per_second",
                 "Tokens (sources encoded and tokens decoded) per second of the model worker's \
-                 busy time, a moving average: the speed admission assumes.",
+                 busy time, a moving average: the speed admission assumes. With several model \
+                 workers, summed over those that have run.",
                 &["model"],
             ),
             admission_lateness: float_gauge(
@@ -196,7 +198,7 @@ impl Metrics {
                 "nmt_admission_lateness",
                 "The 98th percentile of accepted requests' time to finish over the door's \
                  estimate, tracked online: every estimate (and the expected queue wait) is \
-                 scaled by it.",
+                 scaled by it. With several model workers, the worst worker's.",
                 &["model"],
             ),
             length_deviation: histogram(

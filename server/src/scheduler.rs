@@ -193,12 +193,30 @@ impl Shared {
     }
 }
 
-/// Cheap to clone handle to the model worker. The worker thread ends when the last handle
-/// is dropped and the work already queued is done.
+/// Every worker's door, by worker: a worker reads the others' to publish the model's gauges.
+type Peers = Arc<[Arc<Shared>]>;
+
+/// How long a new request would expect to wait: at the least loaded worker, where it goes.
+fn least_expected_wait(peers: &[Arc<Shared>]) -> Duration {
+    peers
+        .iter()
+        .map(|peer| peer.load().expected_wait())
+        .min()
+        .unwrap_or_default()
+}
+
+/// Cheap to clone handle to a model's workers. A worker thread ends when the last handle is
+/// dropped and the work already queued on it is done.
+///
+/// With more than one worker (`--model-workers`), each owns a backend (its own ONNX Runtime
+/// sessions) and its own running batch, like CTranslate2's `inter_threads`: a request goes
+/// whole to the worker expected to finish its accepted work first, so concurrent requests
+/// spread over the workers and each batch runs on its own core.
 #[derive(Clone)]
 pub struct Translator {
-    sender: mpsc::UnboundedSender<Job>,
-    shared: Arc<Shared>,
+    /// Each worker's queue, by worker.
+    senders: Arc<[mpsc::UnboundedSender<Job>]>,
+    peers: Peers,
     metrics: WorkerMetrics,
 }
 
@@ -213,39 +231,80 @@ impl Translator {
     where
         B: Backend + Send + 'static,
     {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
-            load: Mutex::new(Load::default()),
-            policy: config.admission(),
-        });
-        let translator = Translator {
-            sender,
-            shared: shared.clone(),
-            metrics: metrics.clone(),
-        };
-        // The batch is created on the worker thread: the backend's rows need not be `Send`.
-        let start = move || Worker::new(backend, special, config, metrics, shared, receiver);
-        let handle = std::thread::Builder::new()
-            .name("model-worker".into())
-            .spawn(move || start().run())?;
-        Ok((translator, handle))
+        let (translator, mut handles) =
+            Self::spawn_workers(vec![backend], special, config, metrics)?;
+        Ok((translator, handles.remove(0)))
+    }
+
+    /// One worker thread per backend, named `model-worker-<i>`.
+    pub fn spawn_workers<B>(
+        backends: Vec<B>,
+        special: SpecialIds,
+        config: SchedulerConfig,
+        metrics: WorkerMetrics,
+    ) -> std::io::Result<(Self, Vec<JoinHandle<()>>)>
+    where
+        B: Backend + Send + 'static,
+    {
+        let peers: Peers = backends
+            .iter()
+            .map(|_| {
+                Arc::new(Shared {
+                    load: Mutex::new(Load::default()),
+                    policy: config.admission(),
+                })
+            })
+            .collect();
+        let mut senders = Vec::with_capacity(backends.len());
+        let mut handles = Vec::with_capacity(backends.len());
+        for (index, backend) in backends.into_iter().enumerate() {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            senders.push(sender);
+            let (config, metrics, peers) = (config.clone(), metrics.clone(), peers.clone());
+            // The batch is created on the worker thread: the backend's rows need not be `Send`.
+            let start =
+                move || Worker::new(backend, special, config, metrics, peers, index, receiver);
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("model-worker-{index}"))
+                    .spawn(move || start().run())?,
+            );
+        }
+        Ok((
+            Translator {
+                senders: senders.into(),
+                peers,
+                metrics,
+            },
+            handles,
+        ))
+    }
+
+    /// The worker a new request goes to: the one expected to finish its accepted work first
+    /// (the first on a tie, so a lone client keeps to one worker).
+    fn least_loaded(&self) -> usize {
+        (0..self.peers.len())
+            .min_by_key(|&index| self.peers[index].load().expected_wait())
+            .unwrap_or_default()
     }
 
     /// Whether the door would take `inputs` now (see [`Load::check`]).
     pub fn check(&self, inputs: &[DecodeInput]) -> Result<(), TranslateError> {
-        Ok(self.shared.load().check(&self.shared.policy, inputs)?)
+        let shared = &self.peers[self.least_loaded()];
+        Ok(shared.load().check(&shared.policy, inputs)?)
     }
 
-    /// Decodes `inputs` (in the running batch, with whoever else is there); results come
+    /// Decodes `inputs` (in a running batch, with whoever else is there); results come
     /// back in input order. Refused at once when the model would not finish it within
     /// `--max-queue-wait`, or too many requests wait. Dropping the future withdraws the job.
     pub async fn translate(&self, inputs: Vec<DecodeInput>) -> Result<Finished, TranslateError> {
+        let worker = self.least_loaded();
+        let shared = &self.peers[worker];
         let id = {
-            let mut load = self.shared.load();
-            let admitted = load.admit(&self.shared.policy, &inputs);
+            let admitted = shared.load().admit(&shared.policy, &inputs);
             self.metrics
                 .expected_queue_wait
-                .set(load.expected_wait().as_secs_f64());
+                .set(least_expected_wait(&self.peers).as_secs_f64());
             admitted?
         };
         self.metrics.queue_depth.inc();
@@ -259,8 +318,8 @@ impl Translator {
             span,
             enqueued: Instant::now(),
         };
-        if let Err(mpsc::error::SendError(job)) = self.sender.send(job) {
-            self.shared.load().withdraw(job.id);
+        if let Err(mpsc::error::SendError(job)) = self.senders[worker].send(job) {
+            shared.load().withdraw(job.id);
             self.metrics.queue_depth.dec();
             return Err(TranslateError::Stopped);
         }
@@ -315,6 +374,13 @@ impl ActiveJob {
     }
 }
 
+/// A worker's share of the model's summed gauges, as it last added it.
+#[derive(Default)]
+struct Published {
+    in_flight: i64,
+    throughput: f64,
+}
+
 /// Rows are tagged with (job, text index).
 type Tag = (JobId, usize);
 
@@ -323,7 +389,11 @@ struct Worker<B: Backend> {
     special: SpecialIds,
     config: SchedulerConfig,
     metrics: WorkerMetrics,
-    shared: Arc<Shared>,
+    peers: Peers,
+    /// This worker's place in `peers`.
+    index: usize,
+    /// What this worker last added to the model's summed gauges.
+    published: Published,
     receiver: mpsc::UnboundedReceiver<Job>,
     /// By acceptance at the door.
     jobs: BTreeMap<JobId, ActiveJob>,
@@ -355,7 +425,8 @@ impl<B: Backend> Worker<B> {
         special: SpecialIds,
         config: SchedulerConfig,
         metrics: WorkerMetrics,
-        shared: Arc<Shared>,
+        peers: Peers,
+        index: usize,
         receiver: mpsc::UnboundedReceiver<Job>,
     ) -> Self {
         Worker {
@@ -363,7 +434,9 @@ impl<B: Backend> Worker<B> {
             special,
             config,
             metrics,
-            shared,
+            peers,
+            index,
+            published: Published::default(),
             receiver,
             jobs: BTreeMap::new(),
             batch: RunningBatch::default(),
@@ -430,9 +503,7 @@ impl<B: Backend> Worker<B> {
         self.admit();
         if !self.batch.is_empty() {
             self.metrics.batch_size.observe(self.batch.rows() as f64);
-            self.metrics
-                .sequences_in_flight
-                .set(self.batch.len() as i64);
+            self.publish_in_flight();
             self.progress.stepped = true;
             self.progress.processed += self.batch.len() as u64;
             let special = self.special;
@@ -441,9 +512,7 @@ impl<B: Backend> Worker<B> {
                 Ok(finished) => {
                     // Before the replies: a client holding its answer must not still count
                     // itself in flight.
-                    self.metrics
-                        .sequences_in_flight
-                        .set(self.batch.len() as i64);
+                    self.publish_in_flight();
                     for (tag, output) in finished {
                         self.finish_sequence(tag, output);
                     }
@@ -452,24 +521,46 @@ impl<B: Backend> Worker<B> {
             }
         }
         // Also when every row left before the step: the gauge must not keep the last count.
-        self.metrics
-            .sequences_in_flight
-            .set(self.batch.len() as i64);
+        self.publish_in_flight();
         self.publish(started.elapsed());
     }
 
-    /// Hands the turn's progress to the door's estimate.
+    fn shared(&self) -> &Shared {
+        &self.peers[self.index]
+    }
+
+    /// The model's rows in flight are every worker's: each adds what changed in its own.
+    fn publish_in_flight(&mut self) {
+        let rows = self.batch.len() as i64;
+        self.metrics
+            .sequences_in_flight
+            .add(rows - self.published.in_flight);
+        self.published.in_flight = rows;
+    }
+
+    /// Hands the turn's progress to the door's estimate, and publishes the model's gauges: its
+    /// throughput is the workers' summed, its lateness the worst worker's, its expected wait
+    /// the least loaded worker's (where a new request goes).
     fn publish(&mut self, busy: Duration) {
         let progress = std::mem::take(&mut self.progress);
-        let mut load = self.shared.load();
-        load.apply(&progress, busy);
-        self.metrics
-            .expected_queue_wait
-            .set(load.expected_wait().as_secs_f64());
+        let throughput = {
+            let mut load = self.shared().load();
+            load.apply(&progress, busy);
+            load.throughput.tokens_per_second()
+        };
         self.metrics
             .throughput
-            .set(load.throughput.tokens_per_second());
-        self.metrics.admission_lateness.set(load.lateness.factor());
+            .add(throughput - self.published.throughput);
+        self.published.throughput = throughput;
+        self.metrics
+            .expected_queue_wait
+            .set(least_expected_wait(&self.peers).as_secs_f64());
+        let lateness = self
+            .peers
+            .iter()
+            .map(|peer| peer.load().lateness.factor())
+            .fold(f64::MIN, f64::max);
+        self.metrics.admission_lateness.set(lateness);
     }
 
     /// A request left the queue: it has no text waiting any more.
@@ -756,16 +847,17 @@ mod tests {
         jobs: &[Vec<DecodeInput>],
     ) -> (Worker<CopyBackend>, Vec<Answer>) {
         let (_sender, receiver) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
+        let peers: Peers = Arc::new([Arc::new(Shared {
             load: Mutex::new(Load::default()),
             policy: config.admission(),
-        });
+        })]);
         let mut worker = Worker::new(
             CopyBackend::default(),
             SPECIAL,
             config,
             metrics(),
-            shared,
+            peers,
+            0,
             receiver,
         );
         let answers = jobs
@@ -777,7 +869,7 @@ mod tests {
 
     /// `inputs` through the door and into the worker, as `Translator::translate` sends them.
     fn accept(worker: &mut Worker<CopyBackend>, inputs: Vec<DecodeInput>) -> Answer {
-        let shared = worker.shared.clone();
+        let shared = worker.shared();
         let id = shared.load().admit(&shared.policy, &inputs).unwrap();
         worker.metrics.queue_depth.inc();
         let (reply, answer) = oneshot::channel();
@@ -808,7 +900,7 @@ mod tests {
 
     /// Nothing is counted as queued, running or in the batch's tokens any more.
     fn assert_drained(worker: &Worker<CopyBackend>) {
-        let load = worker.shared.load().clone();
+        let load = worker.shared().load().clone();
         assert_eq!(
             (
                 load.work(),
@@ -1034,11 +1126,59 @@ mod tests {
     /// after its reply went out.
     async fn until_drained(translator: &Translator) {
         let busy = || {
-            let load = translator.shared.load();
-            load.queued_requests() + load.batch_rows() > 0
+            translator.peers.iter().any(|peer| {
+                let load = peer.load();
+                load.queued_requests() + load.batch_rows() > 0
+            })
         };
         while busy() {
             tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_spread_over_the_workers_and_the_gauges_sum_them() {
+        let backend = || CopyBackend {
+            step_delay: Duration::from_millis(5),
+            ..Default::default()
+        };
+        let worker_metrics = metrics();
+        let (translator, handles) = Translator::spawn_workers(
+            vec![backend(), backend()],
+            SPECIAL,
+            config(Batching::Continuous),
+            worker_metrics.clone(),
+        )
+        .unwrap();
+        let requests: Vec<_> = (0..2)
+            .map(|_| {
+                let translator = translator.clone();
+                tokio::spawn(async move { translator.translate(vec![long_text(); 3]).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The second request found the first worker busy and went to the idle one.
+        for peer in translator.peers.iter() {
+            assert_eq!(peer.load().batch_rows(), 3);
+        }
+        assert_eq!(worker_metrics.sequences_in_flight.get(), 6);
+        for request in requests {
+            let out = request.await.unwrap().unwrap();
+            assert!(out.sequences.iter().all(|s| s.output.ids.len() == 10));
+        }
+        until_drained(&translator).await;
+        let summed: f64 = translator
+            .peers
+            .iter()
+            .map(|peer| peer.load().throughput.tokens_per_second())
+            .sum();
+        assert!((worker_metrics.throughput.get() - summed).abs() < 1e-6);
+        assert_eq!(worker_metrics.sequences_in_flight.get(), 0);
+        drop(translator);
+        for handle in handles {
+            tokio::task::spawn_blocking(move || handle.join().unwrap())
+                .await
+                .unwrap();
         }
     }
 
@@ -1060,10 +1200,10 @@ mod tests {
         until_drained(&translator).await;
         // Four requests the worker never hears of fill the queue; the fifth is refused.
         {
-            let mut load = translator.shared.load();
+            let shared = &translator.peers[0];
+            let mut load = shared.load();
             for _ in 0..4 {
-                load.admit(&translator.shared.policy, &[text(&[4])])
-                    .unwrap();
+                load.admit(&shared.policy, &[text(&[4])]).unwrap();
             }
         }
         let err = translator.translate(vec![text(&[4])]).await.unwrap_err();

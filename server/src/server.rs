@@ -78,6 +78,14 @@ pub struct Args {
     #[arg(long, env = "NMT_INTRA_OP_THREADS", default_value_t = 1)]
     pub intra_op_threads: usize,
 
+    /// Model workers per model, each with its own ONNX Runtime sessions and its own running
+    /// batch on its own thread (CTranslate2's `inter_threads`). A request goes whole to the
+    /// worker expected to finish its accepted work first. One worker with one intra-op thread
+    /// keeps a core for HTTP and tokenization; under many concurrent clients, as many workers as
+    /// cores (times `--intra-op-threads`) use them all (docs/benchmarks/).
+    #[arg(long, env = "NMT_MODEL_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub model_workers: u16,
+
     /// `continuous`: requests join the running decoder batch between steps.
     /// `off`: one request at a time (the baseline for benchmarks).
     #[arg(long, env = "NMT_BATCHING", value_enum, default_value_t = Batching::Continuous)]
@@ -346,20 +354,22 @@ fn load_model(
         intra_op_threads: args.intra_op_threads,
         device: args.device,
     };
-    let backend = OrtBackend::load(env, &package.dir, manifest, &options)?;
+    let backends = (0..args.model_workers)
+        .map(|_| OrtBackend::load(env, &package.dir, manifest, &options))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let length = LengthModel::load(env, &package.dir, manifest, &options)?;
-    let execution_provider = backend.execution_provider();
+    let execution_provider = backends[0].execution_provider();
     let special = SpecialIds {
         bos: manifest.bos_id,
         eos: manifest.eos_id,
     };
-    let (translator, _worker) = Translator::spawn(
-        backend,
+    let (translator, _workers) = Translator::spawn_workers(
+        backends,
         special,
         scheduler.clone(),
         metrics.worker(&manifest.name),
     )
-    .context("starting the model worker thread")?;
+    .context("starting the model worker threads")?;
     tracing::info!(
         model = %manifest.name,
         preset = %manifest.config.preset,
@@ -367,6 +377,7 @@ fn load_model(
         target_language = %manifest.target_language,
         dir = %package.dir.display(),
         execution_provider,
+        model_workers = args.model_workers,
         length_aware = length.length_aware,
         length_predictor = length.predictor.is_some(),
         precision = ?manifest.precision,
@@ -576,7 +587,9 @@ mod tests {
             Args::try_parse_from(["nmt-server", "--port", "0", "--intra-op-threads", "2"]).unwrap();
         assert_eq!(args.port, 0);
         assert_eq!(args.intra_op_threads, 2);
+        assert_eq!(args.model_workers, 1);
         assert!(Args::try_parse_from(["nmt-server", "--log-format", "xml"]).is_err());
+        assert!(Args::try_parse_from(["nmt-server", "--model-workers", "0"]).is_err());
         assert!(!args.print_openapi);
         assert!(Args::parse_from(["nmt-server", "--print-openapi"]).print_openapi);
     }

@@ -229,6 +229,72 @@ async fn translates_over_http_like_the_training_forward_pass() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_model_workers_answer_concurrent_clients_like_the_training_forward_pass() {
+    let work = shared_package();
+    let package = work.join("package");
+    let server = start_server(
+        &[&package],
+        &["--model-workers", "2", "--max-batch-size", "2"],
+    );
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    let model =
+        nmt_train::train::checkpoint::load_model(&work.join("run").join("best"), &Device::Cpu)
+            .unwrap();
+    let tokenizer =
+        nmt_train::tokenizer::load(&package.join(model_package::files::TOKENIZER)).unwrap();
+    let limit = model_package::Manifest::load(&package)
+        .unwrap()
+        .limits
+        .max_source_tokens
+        .unwrap();
+    let test = nmt_train::corpus::read_parallel(&work.join("corpus"), "test").unwrap();
+    let sources: Vec<String> = test
+        .into_iter()
+        .map(|(en, _)| en)
+        .filter(|en| {
+            nmt_train::tokenizer::encode_ids(&tokenizer, en)
+                .unwrap()
+                .len()
+                < limit
+        })
+        .take(8)
+        .collect();
+    // Eight clients at once, two rows per worker: both workers' batches fill and refill.
+    let requests: Vec<_> = sources
+        .iter()
+        .map(|source| {
+            let request = client
+                .post(format!("{}/translate", server.url))
+                .json(&json!({ "text": source }));
+            tokio::spawn(async move {
+                let response = request.send().await.unwrap();
+                assert_eq!(response.status(), 200);
+                let body: Value = response.json().await.unwrap();
+                body["translations"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for request in requests {
+        answers.push(request.await.unwrap());
+    }
+    for (source, answer) in sources.iter().zip(&answers) {
+        assert_eq!(
+            answer,
+            &reference_translation(&model, &tokenizer, source),
+            "for {source:?}"
+        );
+    }
+    let metrics = scrape(&client, &server).await;
+    assert_eq!(metric_sum(&metrics, "nmt_sequences_in_flight"), 0.0);
+    assert_eq!(metric_sum(&metrics, "nmt_queue_depth"), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
     let package = shared_package().join("package");
     // Two rows at a time, so the work below queues and takes a while.
