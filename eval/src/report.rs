@@ -40,6 +40,8 @@ pub struct Decoding {
     pub batch_size: usize,
     pub max_length_ratio: f64,
     pub max_length_offset: usize,
+    /// `--runaway-ratio`: past this many times a predicted length (plus 5), EOS is pulled.
+    pub runaway_ratio: f64,
     pub beyond_input_limit: bool,
     /// The length every test sentence asked for, as request fields (`None`: none).
     pub length_ask: Option<String>,
@@ -236,7 +238,8 @@ pub fn render_markdown(report: &Report) -> String {
     let _ = writeln!(
         md,
         "{} sentences from `{}` / `{}`; greedy decoding as nmt-server does it (budget \
-         {} × source subwords + {}, batches of {}{}). Scores: sacrebleu, 95% bootstrap \
+         {} × source subwords + {}, a predicted length's runaways pulled to an end past {} × \
+         it + 5, batches of {}{}). Scores: sacrebleu, 95% bootstrap \
          confidence intervals ({} resamples). Shares of looping outputs (a word 3-gram 3 or \
          more times) and of outputs that hit the length budget are over decoded sentences; \
          Δlen is output minus reference subwords (mean and variance).\n",
@@ -245,6 +248,7 @@ pub fn render_markdown(report: &Report) -> String {
         set.reference.display(),
         report.decoding.max_length_ratio,
         report.decoding.max_length_offset,
+        report.decoding.runaway_ratio,
         report.decoding.batch_size,
         if report.decoding.beyond_input_limit {
             "; inputs over the input limit decoded anyway"
@@ -627,6 +631,7 @@ mod tests {
                 batch_size: 32,
                 max_length_ratio: 2.0,
                 max_length_offset: 10,
+                runaway_ratio: 1.5,
                 beyond_input_limit: false,
                 length_ask: None,
                 bucket_edges: BucketEdges::default(),

@@ -610,6 +610,7 @@ fn decoding(args: &Args) -> Result<Decoding> {
         batch_size: args.batch_size,
         max_length_ratio: limits.max_length_ratio,
         max_length_offset: limits.max_length_offset,
+        runaway_ratio: limits.runaway_ratio,
         beyond_input_limit: args.beyond_input_limit,
         length_ask: length_ask(args),
         bucket_edges: args.bucket_edges.clone(),

@@ -41,6 +41,10 @@ pub struct RequestLimits {
     /// distance beyond ±1 ([`crate::logits::EosRule::Pull`]); 0 leaves the ending to the
     /// length encoding alone.
     pub length_pull: f32,
+    /// Soft mode toward a predicted length: a translation that runs past this many times the
+    /// prediction (plus [`crate::length::RUNAWAY_SLACK`]) has its end pulled
+    /// ([`crate::logits::EosRule::PullAfter`]); 0 never.
+    pub runaway_ratio: f64,
     /// From arrival to answer; longer gives 504 and the request leaves the batch.
     pub request_timeout: Duration,
 }
@@ -810,6 +814,7 @@ mod tests {
             max_length_ratio: 1.5,
             max_length_offset: 10,
             length_pull: crate::length::DEFAULT_LENGTH_PULL,
+            runaway_ratio: crate::length::DEFAULT_RUNAWAY_RATIO,
             request_timeout: Duration::from_secs(30),
         }
     }

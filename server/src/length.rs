@@ -296,21 +296,39 @@ pub fn needs_prediction(request: &LengthRequest, length: &LengthModel) -> bool {
 /// 5.0 and 97.8% of outputs still end in punctuation; stronger pulls cut more sentences short.
 pub const DEFAULT_LENGTH_PULL: f32 = 2.0;
 
-/// Soft mode's EOS rule. Only a length someone asked for is pulled toward: a predicted
-/// length is a guess at the natural one, and pulling toward a guess costs quality.
-fn soft_rule(target: usize, source: Option<LengthSource>, pull: f32) -> EosRule {
-    let asked = matches!(
-        source,
+/// `--runaway-ratio`'s default. On the test books and their 2-, 4- and 8-verse
+/// concatenations the shipped model's outputs end within 1.2x of their predicted length, but
+/// for the few that loop, which run on to the output budget (~1.9x on 8 verses)
+/// (`docs/length-control.md`).
+pub const DEFAULT_RUNAWAY_RATIO: f64 = 1.5;
+/// Subwords past `--runaway-ratio` times a guessed length before its end is pulled: room
+/// for short sentences, whose predictions are a few subwords off either way.
+pub const RUNAWAY_SLACK: usize = 5;
+/// Logits per subword the end of a runaway is pulled by: EOS a few logits behind the looping
+/// token wins within a few subwords.
+pub const RUNAWAY_PULL: f32 = 2.0;
+
+/// Soft mode's EOS rule. A length someone asked for is pulled toward from both sides. A
+/// predicted length is a guess at the natural one, and pulling toward a guess costs quality,
+/// so only a runaway far past it is pulled to an end.
+fn soft_rule(target: usize, source: Option<LengthSource>, limits: &RequestLimits) -> EosRule {
+    match source {
         Some(LengthSource::Request | LengthSource::Source | LengthSource::MaxChars)
-    );
-    if asked && pull > 0.0 {
-        EosRule::Pull {
-            target,
-            tolerance: 1,
-            per_token: pull,
+            if limits.length_pull > 0.0 =>
+        {
+            EosRule::Pull {
+                target,
+                tolerance: 1,
+                per_token: limits.length_pull,
+            }
         }
-    } else {
-        EosRule::Free
+        Some(LengthSource::Predictor | LengthSource::LinearFit) if limits.runaway_ratio > 0.0 => {
+            EosRule::PullAfter {
+                after: (limits.runaway_ratio * target as f64).ceil() as usize + RUNAWAY_SLACK,
+                per_token: RUNAWAY_PULL,
+            }
+        }
+        _ => EosRule::Free,
     }
 }
 
@@ -334,7 +352,7 @@ pub fn decode_input(
         // The decoder plans the length itself; the budget only stops a runaway row, with
         // room for the planned length plus some slack.
         LengthMode::Soft => (
-            soft_rule(n, plan.source, limits.length_pull),
+            soft_rule(n, plan.source, limits),
             free_budget
                 .max(n + limits.max_length_offset)
                 .min(max_output),
@@ -402,6 +420,7 @@ mod tests {
             max_length_ratio: 1.5,
             max_length_offset: 10,
             length_pull: crate::length::DEFAULT_LENGTH_PULL,
+            runaway_ratio: crate::length::DEFAULT_RUNAWAY_RATIO,
             request_timeout: Duration::from_secs(5),
         }
     }
@@ -585,9 +604,26 @@ mod tests {
         );
         assert_eq!(
             natural.eos,
-            EosRule::Free,
-            "a prediction is not pulled toward"
+            EosRule::PullAfter {
+                after: 14,
+                per_token: RUNAWAY_PULL
+            },
+            "a prediction is not pulled toward, only a runaway past ceil(1.5 * 6) + 5"
         );
+        let unguarded = RequestLimits {
+            runaway_ratio: 0.0,
+            ..pulled.clone()
+        };
+        let natural = decode_input(
+            vec![5, 2],
+            1,
+            &predicted,
+            LengthMode::Soft,
+            true,
+            &unguarded,
+            64,
+        );
+        assert_eq!(natural.eos, EosRule::Free);
         let plain = decode_input(vec![5, 2], 1, &plan, LengthMode::Exact, false, &limits, 64);
         assert_eq!(plain.target_length, None);
         let free = decode_input(

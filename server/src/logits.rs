@@ -22,6 +22,11 @@ pub enum EosRule {
         tolerance: usize,
         per_token: f32,
     },
+    /// Soft mode toward a guessed length (the predictor's): the model ends where it likes
+    /// until `after` tokens are out, then `per_token` is added to the EOS logit for every
+    /// token past it. A length-aware decoder that has lost its plan loops on to the output
+    /// budget; this ends it a little past where the plan ended instead.
+    PullAfter { after: usize, per_token: f32 },
 }
 
 impl EosRule {
@@ -39,6 +44,10 @@ impl EosRule {
                 let over = produced.saturating_sub(target + tolerance);
                 let bias = per_token * (over as f32 - short as f32);
                 argmax_with_bias(logits, eos, bias)
+            }
+            EosRule::PullAfter { after, per_token } => {
+                let over = produced.saturating_sub(after);
+                argmax_with_bias(logits, eos, per_token * over as f32)
             }
         }
     }
@@ -129,6 +138,20 @@ mod tests {
             "bias 2: ties, the first wins"
         );
         assert_eq!(pull.choose(reluctant.view(), EOS, 14), EOS);
+    }
+
+    #[test]
+    fn a_pull_after_leaves_the_ending_free_until_its_start_then_grows() {
+        let guard = EosRule::PullAfter {
+            after: 20,
+            per_token: 2.0,
+        };
+        // An early EOS is the model's to take, and so is any other token until the start.
+        assert_eq!(guard.choose(array![0.0, 1.0, 2.0].view(), EOS, 3), EOS);
+        let looping = array![0.0, 9.0, 1.0];
+        assert_eq!(guard.choose(looping.view(), EOS, 20), 1);
+        assert_eq!(guard.choose(looping.view(), EOS, 24), 1, "bias 8: ties");
+        assert_eq!(guard.choose(looping.view(), EOS, 25), EOS);
     }
 
     #[test]

@@ -188,6 +188,14 @@ pub struct Args {
     #[arg(long, env = "NMT_LENGTH_PULL", default_value_t = crate::length::DEFAULT_LENGTH_PULL)]
     pub length_pull: f32,
 
+    /// Soft mode toward a predicted length (a length-aware model asked for no length, or
+    /// `"auto"`): a translation that runs past RATIO times the prediction plus 5 subwords has
+    /// its end pulled (2 logits per subword past it), so a decoder that has lost its plan
+    /// stops there instead of looping on to the output budget. Outputs that end on their own
+    /// end within 1.2x of the prediction on the test books; 0 turns it off.
+    #[arg(long, env = "NMT_RUNAWAY_RATIO", default_value_t = crate::length::DEFAULT_RUNAWAY_RATIO)]
+    pub runaway_ratio: f64,
+
     /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C; then the server
     /// exits anyway.
     #[arg(long, env = "NMT_SHUTDOWN_GRACE", default_value_t = 30.0)]
@@ -220,6 +228,12 @@ impl Args {
 
     /// The limits every request is checked against.
     pub fn request_limits(&self) -> anyhow::Result<RequestLimits> {
+        if !(self.runaway_ratio.is_finite() && self.runaway_ratio >= 0.0) {
+            anyhow::bail!(
+                "--runaway-ratio must be 0 (off) or a positive number, not {}",
+                self.runaway_ratio
+            );
+        }
         Ok(RequestLimits {
             max_texts_per_request: self.max_texts_per_request,
             max_input_tokens: self.max_input_tokens,
@@ -228,6 +242,7 @@ impl Args {
             max_length_ratio: self.max_length_ratio,
             max_length_offset: self.max_length_offset,
             length_pull: self.length_pull,
+            runaway_ratio: self.runaway_ratio,
             request_timeout: Args::seconds(self.request_timeout, "request-timeout")?,
         })
     }
@@ -590,6 +605,10 @@ mod tests {
         assert_eq!(args.model_workers, 1);
         assert!(Args::try_parse_from(["nmt-server", "--log-format", "xml"]).is_err());
         assert!(Args::try_parse_from(["nmt-server", "--model-workers", "0"]).is_err());
+        let mut negative = Args::parse_from(["nmt-server", "--runaway-ratio=-1"]);
+        assert!(negative.request_limits().is_err());
+        negative.runaway_ratio = 0.0;
+        assert_eq!(negative.request_limits().unwrap().runaway_ratio, 0.0);
         assert!(!args.print_openapi);
         assert!(Args::parse_from(["nmt-server", "--print-openapi"]).print_openapi);
     }

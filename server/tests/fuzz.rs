@@ -614,6 +614,7 @@ fn harness() -> &'static Harness {
             max_length_ratio: 2.0,
             max_length_offset: 10,
             length_pull: nmt_server::length::DEFAULT_LENGTH_PULL,
+            runaway_ratio: nmt_server::length::DEFAULT_RUNAWAY_RATIO,
             request_timeout: Duration::from_secs(60),
         };
         let scheduler = SchedulerConfig {

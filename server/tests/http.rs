@@ -26,6 +26,7 @@ fn limits() -> RequestLimits {
         max_length_ratio: 2.0,
         max_length_offset: 10,
         length_pull: nmt_server::length::DEFAULT_LENGTH_PULL,
+        runaway_ratio: nmt_server::length::DEFAULT_RUNAWAY_RATIO,
         request_timeout: Duration::from_secs(10),
     }
 }

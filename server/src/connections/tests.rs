@@ -26,6 +26,7 @@ fn infer(step_delay: Duration) -> Infer {
         max_length_ratio: 2.0,
         max_length_offset: 10,
         length_pull: crate::length::DEFAULT_LENGTH_PULL,
+        runaway_ratio: crate::length::DEFAULT_RUNAWAY_RATIO,
         request_timeout: LONG,
     };
     let scheduler = SchedulerConfig {
