@@ -297,9 +297,9 @@ pub fn needs_prediction(request: &LengthRequest, length: &LengthModel) -> bool {
 pub const DEFAULT_LENGTH_PULL: f32 = 2.0;
 
 /// `--runaway-ratio`'s default. On the test books and their 2-, 4- and 8-verse
-/// concatenations the shipped model's outputs end within 1.2x of their predicted length, but
+/// concatenations the shipped model's outputs end within 1.4x of their predicted length, but
 /// for the few that loop, which run on to the output budget (~1.9x on 8 verses)
-/// (`docs/length-control.md`).
+/// (`docs/training.md`, leg 7).
 pub const DEFAULT_RUNAWAY_RATIO: f64 = 1.5;
 /// Subwords past `--runaway-ratio` times a guessed length before its end is pulled: room
 /// for short sentences, whose predictions are a few subwords off either way.

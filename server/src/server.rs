@@ -192,7 +192,7 @@ pub struct Args {
     /// `"auto"`): a translation that runs past RATIO times the prediction plus 5 subwords has
     /// its end pulled (2 logits per subword past it), so a decoder that has lost its plan
     /// stops there instead of looping on to the output budget. Outputs that end on their own
-    /// end within 1.2x of the prediction on the test books; 0 turns it off.
+    /// end within 1.4x of the prediction on the test books; 0 turns it off.
     #[arg(long, env = "NMT_RUNAWAY_RATIO", default_value_t = crate::length::DEFAULT_RUNAWAY_RATIO)]
     pub runaway_ratio: f64,
 
