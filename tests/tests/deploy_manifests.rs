@@ -1,8 +1,9 @@
 //! The Kubernetes manifests in deploy/kubernetes agree with the server and the image they
 //! deploy: the probes ask routes the server answers (readiness = warmed models, liveness =
 //! the process), the ports are the server's defaults, Prometheus is told the port /metrics is
-//! on, the pod runs as the image's non-root user, and the grace period outlasts the server's
-//! shutdown grace, so SIGTERM drains rather than SIGKILL cutting requests.
+//! on, the pod runs as the image's non-root user, the grace period outlasts the server's
+//! shutdown grace, so SIGTERM drains rather than SIGKILL cutting requests, and every
+//! environment variable set is one the server reads.
 
 mod common;
 
@@ -85,6 +86,36 @@ fn deployment_and_service_match_the_server_and_the_image() {
         termination > grace,
         "{termination} s <= the server's {grace} s"
     );
+
+    // Every variable the pod sets is one the server reads (a typo would be ignored silently),
+    // and model workers never outnumber the cores of the CPU limit.
+    let help = Command::new(binary("nmt-server"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    for variable in container["env"].as_array().unwrap() {
+        let name = variable["name"].as_str().unwrap();
+        assert!(
+            help.contains(&format!("[env: {name}=")),
+            "nmt-server reads no {name}"
+        );
+    }
+    let setting = |name: &str| {
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap().parse::<u64>().unwrap())
+            .unwrap_or(1)
+    };
+    let cores: u64 = container["resources"]["limits"]["cpu"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(setting("NMT_MODEL_WORKERS") * setting("NMT_INTRA_OP_THREADS") <= cores);
 
     let annotations = &pod["metadata"]["annotations"];
     assert_eq!(annotations["prometheus.io/scrape"], "true");
