@@ -246,6 +246,12 @@ impl Translator {
     where
         B: Backend + Send + 'static,
     {
+        if backends.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a model needs at least one worker",
+            ));
+        }
         let peers: Peers = backends
             .iter()
             .map(|_| {
