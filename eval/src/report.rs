@@ -238,8 +238,7 @@ pub fn render_markdown(report: &Report) -> String {
     let _ = writeln!(
         md,
         "{} sentences from `{}` / `{}`; greedy decoding as nmt-server does it (budget \
-         {} × source subwords + {}, a predicted length's runaways pulled to an end past {} × \
-         it + 5, batches of {}{}). Scores: sacrebleu, 95% bootstrap \
+         {} × source subwords + {}, {}, batches of {}{}). Scores: sacrebleu, 95% bootstrap \
          confidence intervals ({} resamples). Shares of looping outputs (a word 3-gram 3 or \
          more times) and of outputs that hit the length budget are over decoded sentences; \
          Δlen is output minus reference subwords (mean and variance).\n",
@@ -248,7 +247,14 @@ pub fn render_markdown(report: &Report) -> String {
         set.reference.display(),
         report.decoding.max_length_ratio,
         report.decoding.max_length_offset,
-        report.decoding.runaway_ratio,
+        if report.decoding.runaway_ratio > 0.0 {
+            format!(
+                "a predicted length's runaways pulled to an end past {} × it + 5",
+                report.decoding.runaway_ratio
+            )
+        } else {
+            "no runaway guard".to_string()
+        },
         report.decoding.batch_size,
         if report.decoding.beyond_input_limit {
             "; inputs over the input limit decoded anyway"

@@ -196,12 +196,15 @@ impl Shared {
 /// Every worker's door, by worker: a worker reads the others' to publish the model's gauges.
 type Peers = Arc<[Arc<Shared>]>;
 
-/// How long a new request would expect to wait: at the least loaded worker, where it goes.
-fn least_expected_wait(peers: &[Arc<Shared>]) -> Duration {
+/// The worker a new request goes to, and how long it would expect to wait there: the one
+/// expected to finish its accepted work first (the first on a tie, so a lone client keeps to
+/// one worker).
+fn least_loaded(peers: &[Arc<Shared>]) -> (usize, Duration) {
     peers
         .iter()
         .map(|peer| peer.load().expected_wait())
-        .min()
+        .enumerate()
+        .min_by_key(|&(_, wait)| wait)
         .unwrap_or_default()
 }
 
@@ -286,17 +289,9 @@ impl Translator {
         ))
     }
 
-    /// The worker a new request goes to: the one expected to finish its accepted work first
-    /// (the first on a tie, so a lone client keeps to one worker).
-    fn least_loaded(&self) -> usize {
-        (0..self.peers.len())
-            .min_by_key(|&index| self.peers[index].load().expected_wait())
-            .unwrap_or_default()
-    }
-
     /// Whether the door would take `inputs` now (see [`Load::check`]).
     pub fn check(&self, inputs: &[DecodeInput]) -> Result<(), TranslateError> {
-        let shared = &self.peers[self.least_loaded()];
+        let shared = &self.peers[least_loaded(&self.peers).0];
         Ok(shared.load().check(&shared.policy, inputs)?)
     }
 
@@ -304,13 +299,13 @@ impl Translator {
     /// back in input order. Refused at once when the model would not finish it within
     /// `--max-queue-wait`, or too many requests wait. Dropping the future withdraws the job.
     pub async fn translate(&self, inputs: Vec<DecodeInput>) -> Result<Finished, TranslateError> {
-        let worker = self.least_loaded();
+        let (worker, _) = least_loaded(&self.peers);
         let shared = &self.peers[worker];
         let id = {
             let admitted = shared.load().admit(&shared.policy, &inputs);
             self.metrics
                 .expected_queue_wait
-                .set(least_expected_wait(&self.peers).as_secs_f64());
+                .set(least_loaded(&self.peers).1.as_secs_f64());
             admitted?
         };
         self.metrics.queue_depth.inc();
@@ -560,7 +555,7 @@ impl<B: Backend> Worker<B> {
         self.published.throughput = throughput;
         self.metrics
             .expected_queue_wait
-            .set(least_expected_wait(&self.peers).as_secs_f64());
+            .set(least_loaded(&self.peers).1.as_secs_f64());
         let lateness = self
             .peers
             .iter()

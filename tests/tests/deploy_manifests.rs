@@ -69,13 +69,17 @@ fn deployment_and_service_match_the_server_and_the_image() {
         );
     }
 
+    // The value the pod sets for an environment variable, if it sets one.
+    let env = |name: &str| {
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap().to_string())
+    };
     // The grace period outlasts the server's own, as set in the pod or by default.
-    let grace: f64 = container["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name"] == "NMT_SHUTDOWN_GRACE")
-        .map(|e| e["value"].as_str().unwrap().to_string())
+    let grace: f64 = env("NMT_SHUTDOWN_GRACE")
         .unwrap_or_else(|| server_default("shutdown-grace"))
         .parse()
         .unwrap();
@@ -101,15 +105,7 @@ fn deployment_and_service_match_the_server_and_the_image() {
             "nmt-server reads no {name}"
         );
     }
-    let setting = |name: &str| {
-        container["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["name"] == name)
-            .map(|e| e["value"].as_str().unwrap().parse::<u64>().unwrap())
-            .unwrap_or(1)
-    };
+    let setting = |name: &str| env(name).map_or(1, |v| v.parse::<u64>().unwrap());
     let cores: u64 = container["resources"]["limits"]["cpu"]
         .as_str()
         .unwrap()
