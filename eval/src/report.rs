@@ -42,6 +42,8 @@ pub struct Decoding {
     pub max_length_offset: usize,
     /// `--runaway-ratio`: past this many times a predicted length (plus 5), EOS is pulled.
     pub runaway_ratio: f64,
+    /// `--no-repeat-ngram-size`: no n-gram of this many subwords twice in an output (0: off).
+    pub no_repeat_ngram_size: usize,
     pub beyond_input_limit: bool,
     /// The length every test sentence asked for, as request fields (`None`: none).
     pub length_ask: Option<String>,
@@ -254,6 +256,9 @@ pub fn render_markdown(report: &Report) -> String {
             )
         } else {
             "no runaway guard".to_string()
+        } + &match report.decoding.no_repeat_ngram_size {
+            0 => String::new(),
+            n => format!(", no {n}-subword n-gram twice"),
         },
         report.decoding.batch_size,
         if report.decoding.beyond_input_limit {
@@ -638,6 +643,7 @@ mod tests {
                 max_length_ratio: 2.0,
                 max_length_offset: 10,
                 runaway_ratio: 1.5,
+                no_repeat_ngram_size: 0,
                 beyond_input_limit: false,
                 length_ask: None,
                 bucket_edges: BucketEdges::default(),

@@ -611,6 +611,7 @@ fn decoding(args: &Args) -> Result<Decoding> {
         max_length_ratio: limits.max_length_ratio,
         max_length_offset: limits.max_length_offset,
         runaway_ratio: limits.runaway_ratio,
+        no_repeat_ngram_size: limits.no_repeat_ngram_size,
         beyond_input_limit: args.beyond_input_limit,
         length_ask: length_ask(args),
         bucket_edges: args.bucket_edges.clone(),

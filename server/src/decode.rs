@@ -7,7 +7,7 @@
 //! not wait for the long one: it takes a free slot, or one past the end.
 
 use crate::backend::{Backend, BackendError};
-use crate::logits::EosRule;
+use crate::logits::{repeated_ngram_ends, EosRule};
 
 /// The token ids the loop itself needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +28,8 @@ pub struct DecodeInput {
     /// The length a length-aware decoder plans for (its LDPE/LRPE input); other models
     /// ignore it.
     pub target_length: Option<usize>,
+    /// No n-gram of this many tokens is generated twice (0: off).
+    pub no_repeat_ngram_size: usize,
 }
 
 impl DecodeInput {
@@ -38,6 +40,7 @@ impl DecodeInput {
             eos: EosRule::Free,
             max_output_tokens,
             target_length: None,
+            no_repeat_ngram_size: 0,
         }
     }
 
@@ -69,6 +72,7 @@ struct Sequence<T> {
     max_tokens: usize,
     /// Fed to the decoder's `target_lengths` (0 without a target length).
     target_length: i64,
+    no_repeat_ngram_size: usize,
 }
 
 /// A slot of the backend's batch.
@@ -156,6 +160,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
                     eos: input.eos,
                     max_tokens: input.max_output_tokens,
                     target_length: input.target_length.unwrap_or(0) as i64,
+                    no_repeat_ngram_size: input.no_repeat_ngram_size,
                 });
                 if slot < self.rows.len() {
                     self.rows[slot] = row;
@@ -216,9 +221,10 @@ impl<B: Backend, T> RunningBatch<B, T> {
         let mut finished = Vec::new();
         for (r, row) in self.rows.iter_mut().enumerate() {
             let Row::Live(sequence) = row else { continue };
+            let banned = repeated_ngram_ends(&sequence.ids, sequence.no_repeat_ngram_size);
             let next = sequence
                 .eos
-                .choose(logits.row(r), special.eos, sequence.ids.len());
+                .choose(logits.row(r), special.eos, sequence.ids.len(), &banned);
             let stop = if next == special.eos {
                 Some(StopReason::Eos)
             } else {
@@ -553,5 +559,73 @@ mod tests {
         assert_eq!(&out[0].ids[..2], &[4, 5]);
         assert!(!out[0].ids.contains(&SPECIAL.eos));
         assert_eq!(out[0].stop, StopReason::MaxLength);
+    }
+
+    /// A model stuck on one word: every step prefers 7, then 8, then 9, then EOS.
+    #[derive(Default)]
+    struct StuckBackend;
+
+    impl Backend for StuckBackend {
+        type Rows = usize;
+        type Encoded = usize;
+        fn encode(&mut self, sources: &[&[i64]]) -> Result<usize, BackendError> {
+            Ok(sources.len())
+        }
+        fn place(
+            &mut self,
+            rows: &mut usize,
+            _: usize,
+            slots: &[usize],
+        ) -> Result<(), BackendError> {
+            *rows = (*rows).max(slots.iter().max().map_or(0, |s| s + 1));
+            Ok(())
+        }
+        fn step(
+            &mut self,
+            rows: &mut usize,
+            _: &[i64],
+            _: &[i64],
+            _: &[i64],
+        ) -> Result<ndarray::Array2<f32>, BackendError> {
+            let mut logits = ndarray::Array2::zeros((*rows, 10));
+            for mut row in logits.rows_mut() {
+                row[7] = 4.0;
+                row[8] = 3.0;
+                row[9] = 2.0;
+                row[SPECIAL.eos as usize] = 1.0;
+            }
+            Ok(logits)
+        }
+        fn move_row(&mut self, _: &mut usize, _: usize, _: usize) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn truncate(&mut self, rows: &mut usize, width: usize) -> Result<(), BackendError> {
+            *rows = width;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_row_never_repeats_an_ngram_of_its_size() {
+        let mut stuck = input(&[4], 8);
+        let free = greedy_decode(&mut StuckBackend, SPECIAL, &[stuck.clone()]).unwrap();
+        assert_eq!(free[0].ids, vec![7; 8]);
+        stuck.no_repeat_ngram_size = 2;
+        let out = greedy_decode(&mut StuckBackend, SPECIAL, &[stuck.clone()]).unwrap();
+        // Each pair is said once; once 7 has been followed by 7, 8 and 9, EOS is all that
+        // is left after a 7.
+        assert_eq!(out[0].ids, vec![7, 7, 8, 7, 9, 7]);
+        assert_eq!(out[0].stop, StopReason::Eos);
+        for gram in out[0].ids.windows(2) {
+            let seen = out[0].ids.windows(2).filter(|g| g == &gram).count();
+            assert_eq!(seen, 1, "{gram:?} repeated in {:?}", out[0].ids);
+        }
+        // With every continuation of a 1-gram banned, the model's last choice, EOS, ends it.
+        stuck.no_repeat_ngram_size = 1;
+        let out = greedy_decode(&mut StuckBackend, SPECIAL, &[stuck]).unwrap();
+        assert_eq!(
+            (out[0].ids.clone(), out[0].stop),
+            (vec![7, 8, 9], StopReason::Eos)
+        );
     }
 }

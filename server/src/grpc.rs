@@ -212,6 +212,7 @@ fn from_proto(request: proto::TranslateRequest) -> Result<TranslateRequest, ApiE
             mode,
             max_chars: request.max_chars.map(|n| n as usize),
         },
+        no_repeat_ngram_size: request.no_repeat_ngram_size.map(|n| n as usize),
     })
 }
 

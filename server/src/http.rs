@@ -358,6 +358,14 @@ struct TranslateFields {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100000)]
     max_chars: Option<usize>,
+    /// No n-gram of this many subword tokens appears twice in a translation: a token that
+    /// would repeat one gives way to the model's next choice (CTranslate2's and Hugging
+    /// Face's option of this name). 0 turns it off; absent, the server's
+    /// `--no-repeat-ngram-size`.
+    // The maximum is `logits::MAX_NO_REPEAT_NGRAM_SIZE` (a test compares).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 64)]
+    no_repeat_ngram_size: Option<usize>,
 }
 
 impl<'de> Deserialize<'de> for TranslateBody {
@@ -368,7 +376,7 @@ impl<'de> Deserialize<'de> for TranslateBody {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
                     "a JSON object with `text` and optionally `model`, `target_length`, \
-                     `length_mode` and `max_chars`",
+                     `length_mode`, `max_chars` and `no_repeat_ngram_size`",
                 )
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
@@ -382,6 +390,7 @@ impl<'de> Deserialize<'de> for TranslateBody {
                         mode: fields.length_mode.unwrap_or_default(),
                         max_chars: fields.max_chars,
                     },
+                    no_repeat_ngram_size: fields.no_repeat_ngram_size,
                 }))
             }
         }

@@ -18,6 +18,7 @@ use utoipa::ToSchema;
 use crate::decode::{DecodeInput, StopReason};
 use crate::error::ApiError;
 use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
+use crate::logits::MAX_NO_REPEAT_NGRAM_SIZE;
 use crate::metrics::{input_length_bucket, Metrics};
 use crate::openapi;
 use crate::package::TextCodec;
@@ -45,6 +46,9 @@ pub struct RequestLimits {
     /// prediction (plus [`crate::length::RUNAWAY_SLACK`]) has its end pulled
     /// ([`crate::logits::EosRule::PullAfter`]); 0 never.
     pub runaway_ratio: f64,
+    /// No n-gram of this many subwords is generated twice, unless a request says otherwise
+    /// (0: off).
+    pub no_repeat_ngram_size: usize,
     /// From arrival to answer; longer gives 504 and the request leaves the batch.
     pub request_timeout: Duration,
 }
@@ -56,6 +60,8 @@ pub struct TranslateRequest {
     /// The model's name; `None` for the default model.
     pub model: Option<String>,
     pub length: LengthRequest,
+    /// `no_repeat_ngram_size`; `None` for the server's default.
+    pub no_repeat_ngram_size: Option<usize>,
 }
 
 /// One text's translation. Fields that do not apply are left out, never `null`.
@@ -246,6 +252,8 @@ pub struct ValidRequest<'a> {
     pub source_ids: Vec<Vec<i64>>,
     pub source_tokens: Vec<usize>,
     pub length: LengthRequest,
+    /// The request's `no_repeat_ngram_size`, or the server's.
+    pub no_repeat_ngram_size: usize,
 }
 
 impl ValidRequest<'_> {
@@ -420,6 +428,7 @@ impl Infer {
                 texts: vec!["Hello.".into()],
                 model: Some(name.clone()),
                 length: LengthRequest::default(),
+                no_repeat_ngram_size: None,
             })
             .await?;
             tracing::info!(model = %name, elapsed_ms = started.elapsed().as_millis() as u64, "warm-up translation done");
@@ -462,6 +471,16 @@ impl Infer {
         model
             .length
             .check(&request.length, &model.name, max_output)?;
+        let no_repeat_ngram_size = match request.no_repeat_ngram_size {
+            Some(n) if n > MAX_NO_REPEAT_NGRAM_SIZE => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "no_repeat_ngram_size is {n}; it must be from 0 (off) to \
+                     {MAX_NO_REPEAT_NGRAM_SIZE}"
+                )))
+            }
+            Some(n) => n,
+            None => limits.no_repeat_ngram_size,
+        };
         let (input_limit, source) = model.input_limit(limits);
         let limit_name = match source {
             LimitSource::Model => format!("the longest input model `{}` can take", model.name),
@@ -473,6 +492,7 @@ impl Infer {
             source_ids: Vec::with_capacity(texts.len()),
             source_tokens: Vec::with_capacity(texts.len()),
             length: request.length,
+            no_repeat_ngram_size,
         };
         let _span = tracing::info_span!("tokenize", texts = texts.len()).entered();
         for (i, text) in texts.iter().enumerate() {
@@ -650,8 +670,9 @@ impl Infer {
             .iter()
             .zip(&valid.source_tokens)
             .zip(plans)
-            .map(|((ids, &tokens), plan)| {
-                length::decode_input(
+            .map(|((ids, &tokens), plan)| DecodeInput {
+                no_repeat_ngram_size: valid.no_repeat_ngram_size,
+                ..length::decode_input(
                     ids.clone(),
                     tokens,
                     plan,
@@ -686,6 +707,7 @@ impl Infer {
                 source_ids: over.iter().map(|&i| valid.source_ids[i].clone()).collect(),
                 source_tokens: over.iter().map(|&i| valid.source_tokens[i]).collect(),
                 length: valid.length,
+                no_repeat_ngram_size: valid.no_repeat_ngram_size,
             };
             let retry_plans: Vec<LengthPlan> = over
                 .iter()
@@ -815,7 +837,18 @@ mod tests {
             max_length_offset: 10,
             length_pull: crate::length::DEFAULT_LENGTH_PULL,
             runaway_ratio: crate::length::DEFAULT_RUNAWAY_RATIO,
+            no_repeat_ngram_size: crate::logits::DEFAULT_NO_REPEAT_NGRAM_SIZE,
             request_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn scheduler() -> crate::scheduler::SchedulerConfig {
+        crate::scheduler::SchedulerConfig {
+            batching: crate::scheduler::Batching::Continuous,
+            max_batch_size: 8,
+            max_batch_tokens: 1000,
+            max_queued_requests: 8,
+            max_queue_wait: Duration::from_secs(60),
         }
     }
 
@@ -841,22 +874,15 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_model_name_is_not_echoed_in_full() {
-        use crate::scheduler::{Batching, SchedulerConfig};
         use crate::testing::{self, CopyBackend};
-        let scheduler = SchedulerConfig {
-            batching: Batching::Continuous,
-            max_batch_size: 8,
-            max_batch_tokens: 1000,
-            max_queued_requests: 8,
-            max_queue_wait: Duration::from_secs(60),
-        };
-        let infer = testing::infer(CopyBackend::default(), limits(), scheduler);
+        let infer = testing::infer(CopyBackend::default(), limits(), scheduler());
         let name = format!("{}-tail", "m".repeat(10_000));
         let err = infer
             .translate(TranslateRequest {
                 texts: vec!["hello".into()],
                 model: Some(name),
                 length: LengthRequest::default(),
+                no_repeat_ngram_size: None,
             })
             .await
             .expect_err("an unknown model is refused");
@@ -866,5 +892,28 @@ mod tests {
         assert!(message.contains("mmmm"), "{message}");
         assert!(message.contains("10005 bytes"), "{message}");
         assert!(message.contains("`dev-copy`"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn a_request_chooses_its_ngram_ban_within_the_limit_or_gets_the_servers() {
+        use crate::testing::{self, CopyBackend};
+        let server_default = RequestLimits {
+            no_repeat_ngram_size: 6,
+            ..limits()
+        };
+        let infer = testing::infer(CopyBackend::default(), server_default, scheduler());
+        let asking = |n| TranslateRequest {
+            texts: vec!["hello".into()],
+            model: None,
+            length: LengthRequest::default(),
+            no_repeat_ngram_size: n,
+        };
+        let ban = |n| infer.validate(asking(n)).map(|v| v.no_repeat_ngram_size);
+        assert_eq!(ban(None).unwrap(), 6);
+        assert_eq!(ban(Some(0)).unwrap(), 0);
+        assert_eq!(ban(Some(MAX_NO_REPEAT_NGRAM_SIZE)).unwrap(), 64);
+        let err = ban(Some(65)).expect_err("past the maximum");
+        assert_eq!(err.error_type(), "invalid_request");
+        assert!(err.to_string().contains("from 0 (off) to 64"), "{err}");
     }
 }

@@ -345,7 +345,10 @@ pub fn decode_input(
 ) -> DecodeInput {
     let free_budget = limits.output_budget(source_tokens, max_output);
     let Some(n) = plan.target else {
-        return DecodeInput::new(source_ids, free_budget);
+        return DecodeInput {
+            no_repeat_ngram_size: limits.no_repeat_ngram_size,
+            ..DecodeInput::new(source_ids, free_budget)
+        };
     };
     let (eos, max_output_tokens) = match mode {
         LengthMode::Exact => (EosRule::BanUntil(n), n),
@@ -363,6 +366,7 @@ pub fn decode_input(
         eos,
         max_output_tokens,
         target_length: length_aware.then_some(n),
+        no_repeat_ngram_size: limits.no_repeat_ngram_size,
     }
 }
 
@@ -421,6 +425,7 @@ mod tests {
             max_length_offset: 10,
             length_pull: crate::length::DEFAULT_LENGTH_PULL,
             runaway_ratio: crate::length::DEFAULT_RUNAWAY_RATIO,
+            no_repeat_ngram_size: 0,
             request_timeout: Duration::from_secs(5),
         }
     }

@@ -1,6 +1,7 @@
-//! What a length constraint does to a row's scores before the greedy choice, kept apart from
-//! the decode loop (CTranslate2's logits processors): the loop asks a row's [`EosRule`] for
-//! the next token and never looks at lengths itself.
+//! What a length constraint and a repetition ban do to a row's scores before the greedy
+//! choice, kept apart from the decode loop (CTranslate2's logits processors): the loop asks a
+//! row's [`EosRule`] for the next token, with the tokens [`repeated_ngram_ends`] bans, and
+//! never looks at lengths or n-grams itself.
 
 use ndarray::ArrayView1;
 
@@ -30,11 +31,20 @@ pub enum EosRule {
 }
 
 impl EosRule {
-    /// The next token of a row that has produced `produced` tokens (EOS not counted).
-    pub fn choose(&self, logits: ArrayView1<'_, f32>, eos: u32, produced: usize) -> u32 {
+    /// The next token of a row that has produced `produced` tokens (EOS not counted), never
+    /// one of `banned` (which never holds EOS: EOS is never among a row's tokens).
+    pub fn choose(
+        &self,
+        logits: ArrayView1<'_, f32>,
+        eos: u32,
+        produced: usize,
+        banned: &[u32],
+    ) -> u32 {
         match *self {
-            EosRule::Free => argmax_except(logits, None),
-            EosRule::BanUntil(min) => argmax_except(logits, (produced < min).then_some(eos)),
+            EosRule::Free => argmax_excluding(logits, None, banned),
+            EosRule::BanUntil(min) => {
+                argmax_excluding(logits, (produced < min).then_some(eos), banned)
+            }
             EosRule::Pull {
                 target,
                 tolerance,
@@ -43,22 +53,49 @@ impl EosRule {
                 let short = target.saturating_sub(tolerance).saturating_sub(produced);
                 let over = produced.saturating_sub(target + tolerance);
                 let bias = per_token * (over as f32 - short as f32);
-                argmax_with_bias(logits, eos, bias)
+                argmax_with_bias(logits, eos, bias, banned)
             }
             EosRule::PullAfter { after, per_token } => {
                 let over = produced.saturating_sub(after);
-                argmax_with_bias(logits, eos, per_token * over as f32)
+                argmax_with_bias(logits, eos, per_token * over as f32, banned)
             }
         }
     }
 }
 
+/// `--no-repeat-ngram-size`'s default.
+pub const DEFAULT_NO_REPEAT_NGRAM_SIZE: usize = 0;
+
+/// The largest n-gram size a request or the server may ban repeats of: past it a repeat is a
+/// copied passage rather than a stutter, and the search over a row's tokens grows with it.
+pub const MAX_NO_REPEAT_NGRAM_SIZE: usize = 64;
+
+/// The tokens that would repeat an `n`-gram of `ids` (CTranslate2's and Hugging Face's
+/// `no_repeat_ngram_size`): the token after every earlier occurrence of the last `n - 1`
+/// tokens. None for `n` = 0 (off); for `n` = 1, every token so far.
+pub fn repeated_ngram_ends(ids: &[u32], n: usize) -> Vec<u32> {
+    if n == 0 || ids.len() < n {
+        return Vec::new();
+    }
+    let tail = &ids[ids.len() + 1 - n..];
+    ids.windows(n)
+        .filter(|gram| gram[..n - 1] == *tail)
+        .map(|gram| gram[n - 1])
+        .collect()
+}
+
 /// Index of the largest logit other than `banned`; NaNs never win (an all-NaN row gives 0).
 pub fn argmax_except(logits: ArrayView1<'_, f32>, banned: Option<u32>) -> u32 {
+    argmax_excluding(logits, banned, &[])
+}
+
+/// [`argmax_except`] that also passes over every token of `banned` (a short list, usually
+/// empty).
+fn argmax_excluding(logits: ArrayView1<'_, f32>, one: Option<u32>, banned: &[u32]) -> u32 {
     let mut best = 0usize;
     let mut best_value = f32::NEG_INFINITY;
     for (i, &v) in logits.iter().enumerate() {
-        if v > best_value && banned != Some(i as u32) {
+        if v > best_value && one != Some(i as u32) && !banned.contains(&(i as u32)) {
             best = i;
             best_value = v;
         }
@@ -66,9 +103,10 @@ pub fn argmax_except(logits: ArrayView1<'_, f32>, banned: Option<u32>) -> u32 {
     best as u32
 }
 
-/// Index of the largest logit once `bias` is added to token `biased`'s.
-fn argmax_with_bias(logits: ArrayView1<'_, f32>, biased: u32, bias: f32) -> u32 {
-    let best = argmax_except(logits, Some(biased));
+/// Index of the largest logit, `banned` passed over, once `bias` is added to token
+/// `biased`'s.
+fn argmax_with_bias(logits: ArrayView1<'_, f32>, biased: u32, bias: f32, banned: &[u32]) -> u32 {
+    let best = argmax_excluding(logits, Some(biased), banned);
     let Some(&v) = logits.get(biased as usize) else {
         return best;
     };
@@ -104,9 +142,9 @@ mod tests {
     #[test]
     fn a_ban_holds_until_the_minimum() {
         let logits = array![0.0, 1.0, 9.0];
-        assert_eq!(EosRule::BanUntil(3).choose(logits.view(), EOS, 2), 1);
-        assert_eq!(EosRule::BanUntil(3).choose(logits.view(), EOS, 3), EOS);
-        assert_eq!(EosRule::Free.choose(logits.view(), EOS, 0), EOS);
+        assert_eq!(EosRule::BanUntil(3).choose(logits.view(), EOS, 2, &[]), 1);
+        assert_eq!(EosRule::BanUntil(3).choose(logits.view(), EOS, 3, &[]), EOS);
+        assert_eq!(EosRule::Free.choose(logits.view(), EOS, 0, &[]), EOS);
     }
 
     #[test]
@@ -118,26 +156,26 @@ mod tests {
         };
         // EOS one logit ahead: taken within the tolerance, refused two short of it.
         let eager = array![0.0, 1.0, 2.0];
-        assert_eq!(pull.choose(eager.view(), EOS, 9), EOS);
+        assert_eq!(pull.choose(eager.view(), EOS, 9, &[]), EOS);
         assert_eq!(
-            pull.choose(eager.view(), EOS, 7),
+            pull.choose(eager.view(), EOS, 7, &[]),
             1,
             "2 short of 9: EOS at 0.0"
         );
         assert_eq!(
-            pull.choose(eager.view(), EOS, 8),
+            pull.choose(eager.view(), EOS, 8, &[]),
             1,
             "1 short: EOS at 1.0 ties, and loses"
         );
         // EOS two logits behind: refused at the target, taken three past the tolerance.
         let reluctant = array![0.0, 3.0, 1.0];
-        assert_eq!(pull.choose(reluctant.view(), EOS, 11), 1);
+        assert_eq!(pull.choose(reluctant.view(), EOS, 11, &[]), 1);
         assert_eq!(
-            pull.choose(reluctant.view(), EOS, 13),
+            pull.choose(reluctant.view(), EOS, 13, &[]),
             1,
             "bias 2: ties, the first wins"
         );
-        assert_eq!(pull.choose(reluctant.view(), EOS, 14), EOS);
+        assert_eq!(pull.choose(reluctant.view(), EOS, 14, &[]), EOS);
     }
 
     #[test]
@@ -147,11 +185,45 @@ mod tests {
             per_token: 2.0,
         };
         // An early EOS is the model's to take, and so is any other token until the start.
-        assert_eq!(guard.choose(array![0.0, 1.0, 2.0].view(), EOS, 3), EOS);
+        assert_eq!(guard.choose(array![0.0, 1.0, 2.0].view(), EOS, 3, &[]), EOS);
         let looping = array![0.0, 9.0, 1.0];
-        assert_eq!(guard.choose(looping.view(), EOS, 20), 1);
-        assert_eq!(guard.choose(looping.view(), EOS, 24), 1, "bias 8: ties");
-        assert_eq!(guard.choose(looping.view(), EOS, 25), EOS);
+        assert_eq!(guard.choose(looping.view(), EOS, 20, &[]), 1);
+        assert_eq!(
+            guard.choose(looping.view(), EOS, 24, &[]),
+            1,
+            "bias 8: ties"
+        );
+        assert_eq!(guard.choose(looping.view(), EOS, 25, &[]), EOS);
+    }
+
+    #[test]
+    fn an_ngram_ban_names_what_would_repeat_one() {
+        // 7 8 9 7 8: "7 8" was followed by 9, so 9 would repeat "7 8 9".
+        assert_eq!(repeated_ngram_ends(&[7, 8, 9, 7, 8], 3), vec![9]);
+        assert_eq!(repeated_ngram_ends(&[7, 8, 9, 7, 8], 0), Vec::<u32>::new());
+        assert_eq!(repeated_ngram_ends(&[7, 8, 9, 7, 8], 4), Vec::<u32>::new());
+        assert_eq!(repeated_ngram_ends(&[7, 8], 3), Vec::<u32>::new());
+        // Every earlier continuation of the tail is banned, and n = 1 bans every token seen.
+        assert_eq!(repeated_ngram_ends(&[5, 1, 5, 2, 5], 2), vec![1, 2]);
+        assert_eq!(repeated_ngram_ends(&[4, 6, 4], 1), vec![4, 6, 4]);
+    }
+
+    #[test]
+    fn banned_tokens_give_way_to_the_next_best_under_every_rule() {
+        let logits = array![0.0, 5.0, 1.0, 4.0];
+        assert_eq!(EosRule::Free.choose(logits.view(), EOS, 0, &[1]), 3);
+        assert_eq!(EosRule::Free.choose(logits.view(), EOS, 0, &[1, 3]), EOS);
+        assert_eq!(
+            EosRule::BanUntil(9).choose(logits.view(), EOS, 0, &[1, 3]),
+            0
+        );
+        let pull = EosRule::PullAfter {
+            after: 0,
+            per_token: 1.0,
+        };
+        // EOS at 1 + 2 beats 0 once 1 and 3 are banned, and loses to 3 when it is not.
+        assert_eq!(pull.choose(logits.view(), EOS, 2, &[1, 3]), EOS);
+        assert_eq!(pull.choose(logits.view(), EOS, 2, &[1]), 3);
     }
 
     #[test]
@@ -161,6 +233,9 @@ mod tests {
             tolerance: 0,
             per_token: 100.0,
         };
-        assert_eq!(pull.choose(array![0.0, 1.0, f32::NAN].view(), EOS, 5), 1);
+        assert_eq!(
+            pull.choose(array![0.0, 1.0, f32::NAN].view(), EOS, 5, &[]),
+            1
+        );
     }
 }

@@ -196,6 +196,14 @@ pub struct Args {
     #[arg(long, env = "NMT_RUNAWAY_RATIO", default_value_t = crate::length::DEFAULT_RUNAWAY_RATIO)]
     pub runaway_ratio: f64,
 
+    /// No n-gram of this many subwords appears twice in a translation (CTranslate2's and
+    /// Hugging Face's `no_repeat_ngram_size`): a token that would repeat one gives way to the
+    /// model's next choice. Stops a decoder that stutters through a list ("los consejos,
+    /// los consejos, los consejos"); a request's `no_repeat_ngram_size` overrides it. 0
+    /// turns it off; at most 64.
+    #[arg(long, env = "NMT_NO_REPEAT_NGRAM_SIZE", default_value_t = crate::logits::DEFAULT_NO_REPEAT_NGRAM_SIZE)]
+    pub no_repeat_ngram_size: usize,
+
     /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C; then the server
     /// exits anyway.
     #[arg(long, env = "NMT_SHUTDOWN_GRACE", default_value_t = 30.0)]
@@ -234,6 +242,13 @@ impl Args {
                 self.runaway_ratio
             );
         }
+        if self.no_repeat_ngram_size > crate::logits::MAX_NO_REPEAT_NGRAM_SIZE {
+            anyhow::bail!(
+                "--no-repeat-ngram-size must be at most {}, not {}",
+                crate::logits::MAX_NO_REPEAT_NGRAM_SIZE,
+                self.no_repeat_ngram_size
+            );
+        }
         Ok(RequestLimits {
             max_texts_per_request: self.max_texts_per_request,
             max_input_tokens: self.max_input_tokens,
@@ -243,6 +258,7 @@ impl Args {
             max_length_offset: self.max_length_offset,
             length_pull: self.length_pull,
             runaway_ratio: self.runaway_ratio,
+            no_repeat_ngram_size: self.no_repeat_ngram_size,
             request_timeout: Args::seconds(self.request_timeout, "request-timeout")?,
         })
     }

@@ -36,6 +36,8 @@ pub struct CopyRows {
     /// Tokens fed so far, per row (the "KV cache").
     cache: Vec<Vec<i64>>,
     ghost: Vec<bool>,
+    /// The loop fed this row something other than the copy (an n-gram ban passed over it).
+    off_script: Vec<bool>,
 }
 
 pub struct CopyBackend {
@@ -55,6 +57,10 @@ pub struct CopyBackend {
     /// Columns of the logits: at least the tokenizer's vocabulary, since the copy emits
     /// source ids.
     pub vocab: usize,
+    /// Rows may be fed something other than the copy, as `no_repeat_ngram_size` makes the
+    /// loop do when the text repeats itself; such a row's cache is then no longer checked
+    /// against its source. Off, a row fed anything but its copy fails the step's assertion.
+    pub follows_bans: bool,
 }
 
 impl Default for CopyBackend {
@@ -67,6 +73,7 @@ impl Default for CopyBackend {
             steps: 0,
             step_delay: std::time::Duration::ZERO,
             vocab: VOCAB,
+            follows_bans: false,
         }
     }
 }
@@ -80,6 +87,7 @@ impl Backend for CopyBackend {
             sources: sources.iter().map(|s| s.to_vec()).collect(),
             cache: vec![Vec::new(); sources.len()],
             ghost: vec![false; sources.len()],
+            off_script: vec![false; sources.len()],
         })
     }
 
@@ -120,7 +128,7 @@ impl Backend for CopyBackend {
             // copies its source they are BOS and the source words. (Past the source, a
             // length constraint that bans EOS makes the loop feed other tokens.)
             assert_eq!(rows.cache[r].len(), p, "row {r} cache length");
-            if p < source.len() {
+            if p < source.len() && !rows.off_script[r] {
                 let mut expected: Vec<i64> = vec![SPECIAL.bos.into()];
                 expected.extend(&source[..p.saturating_sub(1)]);
                 expected.truncate(p);
@@ -130,7 +138,11 @@ impl Backend for CopyBackend {
                 } else {
                     source[p - 1]
                 };
-                assert_eq!(target_ids[r], fed, "row {r} fed token");
+                if self.follows_bans && target_ids[r] != fed {
+                    rows.off_script[r] = true;
+                } else {
+                    assert_eq!(target_ids[r], fed, "row {r} fed token");
+                }
             }
             rows.cache[r].push(target_ids[r]);
             let next = source.get(p).copied().unwrap_or(0) as usize;
@@ -158,10 +170,12 @@ impl Backend for CopyBackend {
         let mut filled = vec![true; width];
         filled[rows.ghost.len()..].fill(false);
         rows.ghost.resize(width, true);
+        rows.off_script.resize(width, false);
         for (source, &slot) in new.sources.into_iter().zip(slots) {
             rows.sources[slot] = source;
             rows.cache[slot] = Vec::new();
             rows.ghost[slot] = false;
+            rows.off_script[slot] = false;
             filled[slot] = true;
         }
         assert!(filled.iter().all(|&f| f), "slots {slots:?} leave a hole");
@@ -177,6 +191,7 @@ impl Backend for CopyBackend {
         rows.sources[to] = rows.sources[from].clone();
         rows.cache[to] = rows.cache[from].clone();
         rows.ghost[to] = rows.ghost[from];
+        rows.off_script[to] = rows.off_script[from];
         Ok(())
     }
 
@@ -184,6 +199,7 @@ impl Backend for CopyBackend {
         rows.sources.truncate(width);
         rows.cache.truncate(width);
         rows.ghost.truncate(width);
+        rows.off_script.truncate(width);
         Ok(())
     }
 }

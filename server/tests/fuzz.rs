@@ -332,7 +332,8 @@ fn length_mode() -> impl Strategy<Value = Json> {
     ]
 }
 
-fn max_chars() -> impl Strategy<Value = Json> {
+/// `max_chars` or `no_repeat_ngram_size`: any number, null or junk.
+fn count() -> impl Strategy<Value = Json> {
     prop_oneof![
         4 => number().prop_map(Json::Number),
         1 => Just(Json::Null),
@@ -348,7 +349,8 @@ fn translate_body() -> impl Strategy<Value = Json> {
         2 => model().prop_map(|v| ("model".to_string(), v)),
         3 => target_length().prop_map(|v| ("target_length".to_string(), v)),
         3 => length_mode().prop_map(|v| ("length_mode".to_string(), v)),
-        2 => max_chars().prop_map(|v| ("max_chars".to_string(), v)),
+        2 => count().prop_map(|v| ("max_chars".to_string(), v)),
+        1 => count().prop_map(|v| ("no_repeat_ngram_size".to_string(), v)),
         1 => (
             proptest::sample::select(vec!["Text", "text ", "texts", "colour", "", "\u{0}"]),
             junk()
@@ -387,13 +389,16 @@ fn valid_body() -> impl Strategy<Value = Json> {
         proptest::sample::select(vec!["soft", "exact"]).prop_map(|m| Json::Str(m.into())),
     );
     let max_chars = proptest::option::of((1u32..300).prop_map(|n| Json::Number(n.to_string())));
-    (texts, model, target, mode, max_chars).prop_map(|(texts, model, target, mode, max_chars)| {
+    let ngram = proptest::option::of((0u32..=8).prop_map(|n| Json::Number(n.to_string())));
+    let fields = (texts, model, target, mode, max_chars, ngram);
+    fields.prop_map(|(texts, model, target, mode, max_chars, ngram)| {
         let mut fields = vec![("text".to_string(), texts)];
         let optional = [
             ("model", model),
             ("target_length", target),
             ("length_mode", mode),
             ("max_chars", max_chars),
+            ("no_repeat_ngram_size", ngram),
         ];
         for (key, value) in optional {
             if let Some(value) = value {
@@ -587,6 +592,12 @@ fn harness() -> &'static Harness {
             .enable_all()
             .build()
             .unwrap();
+        // Hostile texts repeat themselves, and `no_repeat_ngram_size` then steers the loop
+        // off the copy.
+        let copy = || CopyBackend {
+            follows_bans: true,
+            ..CopyBackend::default()
+        };
         let shipped = TestModel {
             tokenizer: testing::shipped_tokenizer(),
             preset: "rel-ldpe",
@@ -599,12 +610,12 @@ fn harness() -> &'static Harness {
                 predictor: None,
                 chars_per_subword: 4.2,
             }),
-            ..TestModel::copy("shipped", CopyBackend::default())
+            ..TestModel::copy("shipped", copy())
         };
         let dev = TestModel {
             preset: "transformer-tiny",
             max_source_tokens: Some(3),
-            ..TestModel::copy("dev-copy", CopyBackend::default())
+            ..TestModel::copy("dev-copy", copy())
         };
         let limits = RequestLimits {
             max_texts_per_request: 16,
@@ -615,6 +626,7 @@ fn harness() -> &'static Harness {
             max_length_offset: 10,
             length_pull: nmt_server::length::DEFAULT_LENGTH_PULL,
             runaway_ratio: nmt_server::length::DEFAULT_RUNAWAY_RATIO,
+            no_repeat_ngram_size: 0,
             request_timeout: Duration::from_secs(60),
         };
         let scheduler = SchedulerConfig {

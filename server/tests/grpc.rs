@@ -76,6 +76,7 @@ async fn translations_match_the_service_and_http() {
             texts,
             model: None,
             length: Default::default(),
+            no_repeat_ngram_size: None,
         })
         .await
         .unwrap();
@@ -172,6 +173,14 @@ async fn errors_map_to_grpc_codes_and_are_counted() {
             },
             Code::InvalidArgument,
             "invalid_target_length",
+        ),
+        (
+            proto::TranslateRequest {
+                no_repeat_ngram_size: Some(65),
+                ..request(&TEXTS)
+            },
+            Code::InvalidArgument,
+            "invalid_request",
         ),
         (
             proto::TranslateRequest {

@@ -27,6 +27,7 @@ fn limits() -> RequestLimits {
         max_length_offset: 10,
         length_pull: nmt_server::length::DEFAULT_LENGTH_PULL,
         runaway_ratio: nmt_server::length::DEFAULT_RUNAWAY_RATIO,
+        no_repeat_ngram_size: 0,
         request_timeout: Duration::from_secs(10),
     }
 }
@@ -72,6 +73,17 @@ fn post_json(body: impl Into<String>) -> Request<Body> {
 
 async fn post(body: &str) -> (StatusCode, serde_json::Value) {
     send(app(state_with(CopyBackend::default())), post_json(body)).await
+}
+
+/// `body` posted to a fresh app is refused with 422 and `error_type`.
+async fn assert_422(body: &str, error_type: &str) {
+    let (status, json) = post(body).await;
+    let (status, ty, message) = error_of(status, json);
+    assert_eq!(
+        (status, ty.as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, error_type),
+        "{body}: {message}"
+    );
 }
 
 fn error_of(status: StatusCode, json: serde_json::Value) -> (StatusCode, String, String) {
@@ -150,13 +162,7 @@ async fn missing_or_wrong_fields_are_422() {
         r#"{"text": "hello", "model": 3}"#,
         r#"["hello"]"#,
     ] {
-        let (status, json) = post(body).await;
-        let (status, ty, message) = error_of(status, json);
-        assert_eq!(
-            (status, ty.as_str()),
-            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
-            "{body}: {message}"
-        );
+        assert_422(body, "invalid_request").await;
     }
     let (status, json) = post(r#"{"text": 5}"#).await;
     let (_, _, message) = error_of(status, json);
@@ -485,13 +491,24 @@ async fn bad_target_lengths_are_422() {
             "invalid_request",
         ),
     ] {
-        let (status, json) = post(body).await;
-        let (status, ty, message) = error_of(status, json);
-        assert_eq!(
-            (status, ty.as_str()),
-            (StatusCode::UNPROCESSABLE_ENTITY, expected),
-            "{body}: {message}"
-        );
+        assert_422(body, expected).await;
+    }
+}
+
+#[tokio::test]
+async fn an_ngram_ban_is_a_size_from_0_to_64() {
+    for body in [
+        r#"{"text": "hello", "no_repeat_ngram_size": 65}"#,
+        r#"{"text": "hello", "no_repeat_ngram_size": -1}"#,
+        r#"{"text": "hello", "no_repeat_ngram_size": "6"}"#,
+    ] {
+        assert_422(body, "invalid_request").await;
+    }
+    for size in [0, 1, 64] {
+        let body = format!(r#"{{"text": "hello world", "no_repeat_ngram_size": {size}}}"#);
+        let (status, json) = post(&body).await;
+        assert_eq!(status, StatusCode::OK, "{body}: {json}");
+        assert_eq!(json["translations"][0]["text"], "hello world", "{body}");
     }
 }
 
@@ -720,7 +737,7 @@ async fn the_openapi_schemas_list_every_field_of_the_json_api() {
     let app = app(state_with(CopyBackend::default()));
     let mut request = serde_json::json!({
         "text": "hello world", "model": "dev-copy", "target_length": 2,
-        "length_mode": "exact", "max_chars": 40,
+        "length_mode": "exact", "max_chars": 40, "no_repeat_ngram_size": 3,
     });
     assert_eq!(documented(&schemas["TranslateRequest"]), keys(&request));
     let (status, json) = send(app.clone(), post_json(request.to_string())).await;
@@ -853,6 +870,10 @@ async fn the_served_openapi_document_is_the_generated_one_and_agrees_with_the_li
     assert_eq!(
         request["properties"]["max_chars"]["maximum"],
         MAX_CHARS_LIMIT
+    );
+    assert_eq!(
+        request["properties"]["no_repeat_ngram_size"]["maximum"],
+        nmt_server::logits::MAX_NO_REPEAT_NGRAM_SIZE
     );
     let translate = &doc["paths"]["/translate"]["post"];
     let id = &translate["parameters"][0];

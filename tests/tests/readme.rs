@@ -611,6 +611,9 @@ fn proto_request(json: &str) -> proto::TranslateRequest {
                 request.length_mode = LengthMode::from_str_name(&string(value)).unwrap() as i32;
             }
             "max_chars" | "maxChars" => request.max_chars = Some(number(value)),
+            "no_repeat_ngram_size" | "noRepeatNgramSize" => {
+                request.no_repeat_ngram_size = Some(number(value))
+            }
             other => panic!("`{other}` is no field of nmt.v1.TranslateRequest: {json}"),
         }
     }

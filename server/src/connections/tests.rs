@@ -27,6 +27,7 @@ fn infer(step_delay: Duration) -> Infer {
         max_length_offset: 10,
         length_pull: crate::length::DEFAULT_LENGTH_PULL,
         runaway_ratio: crate::length::DEFAULT_RUNAWAY_RATIO,
+        no_repeat_ngram_size: 0,
         request_timeout: LONG,
     };
     let scheduler = SchedulerConfig {
