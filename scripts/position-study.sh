@@ -20,9 +20,9 @@
 #                of length encodings goes beside it, length-encodings.md)
 #   STUDY_RECORD where each finished model's training report and translations are kept
 #                (default docs/experiments/position-study; commit it)
-#   STUDY_ONLY   train only these runs (names as in runs_list, space-separated, e.g.
-#                "transformer.all rel-transformer.all"); the tables still show every
-#                recorded one
+#   STUDY_ONLY   train only these runs, in this order (names as in runs_list,
+#                space-separated, e.g. "transformer.all rel-transformer.all"); the tables
+#                still show every recorded one
 #   STUDY_REPORT_ONLY=1  train nothing: write the tables from the models recorded so far
 #   STUDY_PREDICTOR_FROM  the package whose length predictor the LDPE/LRPE packages get
 #                (default models/en-es-rel-ldpe)
@@ -166,9 +166,14 @@ export -f train_one recorded budget_spent asks_of
 export dir steps bin record limit_flags LENGTH_RUNS PREDICTOR_FROM
 
 if [ -z "${STUDY_REPORT_ONLY:-}" ]; then
-  runs_list | while read -r name rest; do
-    case " ${STUDY_ONLY:-$name} " in *" $name "*) echo "$name $rest" ;; esac
-  done | xargs -P "$jobs" -L 1 bash -c 'set -euo pipefail; train_one "$@"' _
+  # STUDY_ONLY's order is the training order, so a session can put first what it needs first.
+  if [ -n "${STUDY_ONLY:-}" ]; then
+    for only in $STUDY_ONLY; do
+      runs_list | awk -v n="$only" '$1 == n' | grep . || { echo "position-study: no run named $only" >&2; exit 2; }
+    done
+  else
+    runs_list
+  fi | xargs -P "$jobs" -L 1 bash -c 'set -euo pipefail; train_one "$@"' _
 fi
 
 evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]

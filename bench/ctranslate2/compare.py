@@ -32,7 +32,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import shlex
 import signal
 import statistics
@@ -40,6 +39,10 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import busy_processes, cpu_model, git_state  # noqa: E402
+from worker import Worker  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -258,63 +261,6 @@ def write_lines(path, texts):
 # --- the run ------------------------------------------------------------------------------
 
 
-class Worker:
-    """One cell's worker process, spoken to by lines on its stdin and stdout."""
-
-    def __init__(self, cell, command, log_path, env):
-        self.cell = cell
-        self.command = command
-        self.log_path = log_path
-        self.log = open(log_path, "w", encoding="utf-8")
-        self.proc = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            cwd=ROOT,
-            env=env,
-        )
-        self.ready = self.read()
-        if not self.ready.get("ready"):
-            raise RuntimeError(f"{cell['id']}: unexpected first line {self.ready}")
-
-    def read(self):
-        line = self.proc.stdout.readline()
-        if not line:
-            self.proc.wait(timeout=10)
-            raise RuntimeError(
-                f"{self.cell['id']}: the worker exited ({self.proc.returncode}); "
-                f"its log ({self.log_path}):\n{tail(self.log_path)}"
-            )
-        return json.loads(line)
-
-    def run(self, outputs=None):
-        self.proc.stdin.write("run" + (f" {outputs}" if outputs else "") + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def stop(self):
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.log.close()
-
-
-def tail(path, n=20):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError as e:
-        return f"(unreadable: {e})"
-
-
 def cells_for(args, packages):
     """Every configuration to measure, in the order of a forward round: by precision, then by
     mode, CTranslate2's cells next to this side's, so that the cells compared with each other
@@ -469,51 +415,6 @@ def read_lines(path):
         return f.read().split("\n")[:-1]
 
 
-def cpu_model():
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def cpu_times():
-    """{pid: (command, nice, utime + stime in ticks)} of every process, from /proc."""
-    times = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        command = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        # Fields 14, 15 (utime, stime) and 19 (nice) of proc(5), counted from the state (3).
-        times[int(pid)] = (command, int(fields[16]), int(fields[11]) + int(fields[12]))
-    return times
-
-
-def busy_processes(seconds=2.0):
-    """Processes using at least 5% of a core over `seconds`, with their nice value: a shared
-    machine says so in the report."""
-    before = cpu_times()
-    time.sleep(seconds)
-    after = cpu_times()
-    ticks = os.sysconf("SC_CLK_TCK") * seconds
-    rows = []
-    for pid, (command, nice, t) in after.items():
-        if pid in before and pid != os.getpid():
-            share = 100.0 * (t - before[pid][2]) / ticks
-            if share >= 5.0:
-                rows.append({"pid": pid, "nice": nice, "cpu_percent": round(share), "command": command})
-    return sorted(rows, key=lambda r: -r["cpu_percent"])
-
-
 def ct2_backend(model):
     """What CTranslate2 picked on this CPU (instruction set, GEMM backends), from its own log."""
     code = (
@@ -533,13 +434,6 @@ def ct2_backend(model):
             if w in line:
                 found.append(line.split("]")[-1].strip(" -"))
     return "; ".join(found) or "unknown"
-
-
-def git_state():
-    def git(*a):
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
 
 
 def summary(passes):

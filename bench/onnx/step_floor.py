@@ -32,7 +32,6 @@ Markdown; --out-json keeps the numbers.
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,9 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import cpu_model  # noqa: E402
 
 IR_VERSION = 9  # what ONNX Runtime 1.31 reads
 OPSET = 17
@@ -225,13 +227,6 @@ def dispatch_chain(nodes, width):
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
     return model, {"x": np.full((1, width), 0.5, np.float32)}
-
-
-def cpu_model():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main():

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Int8 against float32 for every preset: what quantization costs in quality and buys in
+speed, through this engine, on the test books.
+
+    source scripts/env.sh
+    cargo build --release -p model-export -p nmt-eval
+    python3 bench/int8/presets.py --packages runs/position-study/pkg/*.all \\
+        --out-json docs/benchmarks/int8-presets.json --out-md docs/benchmarks/int8-presets.md
+
+For each float32 package, `nmt-export quantize` writes its int8 twin (kept in --work and
+reused while the float32 graphs are unchanged). `nmt-eval` then translates the test books with
+both, as a request without options gets them (greedy; a length-aware package plans each
+sentence's length with its predictor), and compares them: BLEU, chrF and TER with sacrebleu's
+paired bootstrap against float32, and the share of identical outputs. The issue's gate is
+|delta BLEU| <= 0.5. Speed: --passes timing passes over the test verses at batch 1 and at batch 32,
+each package in its own warmed-up `nmt-bench-worker` (the engine compare.py times), float32
+and int8 alternating (ABBA...); target subwords per second, tokenization included, medians. The position study's `-small` models stand in for the presets
+because they are trained on real data for the same budget, so they can be compared; they are
+weaker than the shipped model, which is measured the same way when given.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from machine import ROOT, busy_processes, cpu_model, git_state, loadavg  # noqa: E402
+from worker import Worker  # noqa: E402
+
+GATE_BLEU = 0.5
+
+
+def run(cmd, **kw):
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT, **kw)
+
+
+def manifest(package):
+    with open(os.path.join(package, "manifest.json")) as f:
+        return json.load(f)
+
+
+def int8_twin(args, package, name):
+    """The int8 twin of `package` in --work, quantized again only when the float32 graphs
+    changed since (the twin's manifest records their checksums)."""
+    out = os.path.join(args.work, "int8", name)
+    source = manifest(package)
+    if os.path.exists(os.path.join(out, "manifest.json")):
+        made_from = manifest(out).get("quantization", {}).get("from", {})
+        if all(made_from.get(g) == source["files"].get(g) for g in ("encoder.onnx", "decoder.onnx")):
+            return out
+    run([os.path.join(args.bin, "nmt-export"), "quantize", "--package", package, "--out", out, "--name", f"{name}-int8"])
+    return out
+
+
+def evaluate(args, packages, out):
+    run(
+        [os.path.join(args.bin, "nmt-eval")]
+        + [a for p in packages for a in ("--package", p)]
+        + ["--split", "test", "--no-concat", "--bootstrap-samples", str(args.bootstrap_samples), "--out", out],
+        stdout=subprocess.DEVNULL,
+    )
+    with open(os.path.join(out, "report.json")) as f:
+        return json.load(f)
+
+
+def read_hypotheses(path):
+    with open(path if os.path.isabs(path) else os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def graph_bytes(package):
+    return sum(os.path.getsize(os.path.join(package, g)) for g in ("encoder.onnx", "decoder.onnx"))
+
+
+def timing(args, packages, batch, work):
+    """Target subwords per second of each package's engine at this batch size: one warmed-up
+    `nmt-bench-worker` per package, passes alternating between them (ABBA...)."""
+    os.makedirs(work, exist_ok=True)
+    workers = {}
+    try:
+        for precision, package in packages.items():
+            command = [os.path.join(args.bin, "nmt-bench-worker"), "--verses", args.source, "engine"]
+            command += ["--package", package, "--batch-size", str(batch), "--threads", "1"]
+            log = os.path.join(work, f"worker-{precision}-b{batch}.log")
+            workers[precision] = Worker({"id": f"{precision}-b{batch}"}, command, log, dict(os.environ))
+        rates = {precision: [] for precision in packages}
+        order = list(packages)
+        for n in range(args.passes):
+            for precision in order if n % 2 == 0 else reversed(order):
+                done = workers[precision].run()
+                rates[precision].append(done["output_tokens"] / done["seconds"])
+    finally:
+        for w in workers.values():
+            w.stop()
+    return {k: {"median": statistics.median(v), "passes": v} for k, v in rates.items()}
+
+
+def measure(args, package):
+    name = os.path.basename(os.path.normpath(package))
+    config = manifest(package)["config"]
+    twin = int8_twin(args, package, name)
+    work = os.path.join(args.work, "eval", name)
+    quality = evaluate(args, [package, twin], os.path.join(work, "quality"))
+    f32, i8 = quality["systems"]
+    bootstrap = quality["paired_bootstrap"]["systems"][1]
+    same = sum(a == b for a, b in zip(read_hypotheses(f32["hypotheses"]), read_hypotheses(i8["hypotheses"])))
+    speed = {batch: timing(args, {"float32": package, "int8": twin}, batch, work) for batch in (1, 32)}
+    quantization = manifest(twin)["quantization"]["graphs"]
+    return {
+        "package": package,
+        "name": name,
+        "preset": config["preset"],
+        "int8_package": twin,
+        "float32": {m: f32["overall"][m]["score"] for m in ("bleu", "chrf", "ter")},
+        "int8": {m: i8["overall"][m]["score"] for m in ("bleu", "chrf", "ter")},
+        "delta": {m: bootstrap[m]["delta"] for m in ("bleu", "chrf", "ter")},
+        "p_value": {m: bootstrap[m]["p_value"] for m in ("bleu", "chrf", "ter")},
+        "looping": {"float32": f32["overall"]["looping_share"], "int8": i8["overall"]["looping_share"]},
+        "identical_outputs": same,
+        "sentences": len(read_hypotheses(f32["hypotheses"])),
+        "tokens_per_second": speed,
+        "graph_bytes": {"float32": graph_bytes(package), "int8": graph_bytes(twin)},
+        "int8_products": {g: q["matmul_integer"] for g, q in quantization.items()},
+        "float32_products": {g: q["weight_matmuls"] for g, q in quantization.items()},
+    }
+
+
+def markdown(report):
+    r = report
+    lines = [
+        "# Int8 against float32, every preset",
+        "",
+        "Written by `bench/int8/presets.py` (its docstring says how it works).",
+        "",
+        f"- date: {r['date']}",
+        f"- command: `{r['command']}`",
+        f"- git: {r['git']['commit']}" + (" (working tree with uncommitted changes)" if r["git"]["dirty"] else ""),
+        f"- CPU: {r['cpu']}, {r['cores']} cores; load average at start {r['loadavg_start']}, at end {r['loadavg_end']}",
+        "- also running at the start: "
+        + (", ".join(f"{b['command']} (nice {b['nice']}, {b['cpu_percent']}% of a core)" for b in r["busy_start"]) or "nothing"),
+        f"- timing: {r['passes']} passes per batch size, float32 and int8 alternating; one ONNX Runtime thread",
+        "",
+        f"Quality on the test books ({r['rows'][0]['sentences'] if r['rows'] else 0} verses, batches of 32): sacrebleu, "
+        f"paired bootstrap of int8 against float32 ({r['bootstrap_samples']} resamples); the gate is "
+        f"|ΔBLEU| ≤ {GATE_BLEU}.",
+        "",
+        "| preset | model | float32 BLEU | int8 BLEU | ΔBLEU (p) | ΔchrF | looping float32 → int8 | identical outputs | gate |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for x in r["rows"]:
+        d, p = x["delta"], x["p_value"]
+        lines.append(
+            f"| `{x['preset']}` | `{x['name']}` | {x['float32']['bleu']:.2f} | {x['int8']['bleu']:.2f} | "
+            f"{d['bleu']:+.2f} ({p['bleu']:.2f}) | {d['chrf']:+.2f} | "
+            f"{100 * x['looping']['float32']:.1f}% → {100 * x['looping']['int8']:.1f}% | "
+            f"{100 * x['identical_outputs'] / x['sentences']:.1f}% | {'met' if abs(d['bleu']) <= GATE_BLEU else '**missed**'} |"
+        )
+    lines += [
+        "",
+        "Speed: target subwords per second (the server's engine and greedy loop in `nmt-bench-worker`, "
+        "tokenization included), medians of the passes; size: encoder + decoder graphs; products: matrix products with stored weights, and how many the "
+        "quantizer made integer (GRU and LSTM layers stay float32: ONNX Runtime has no integer GRU).",
+        "",
+        "| model | batch 1: float32 → int8 | ratio | batch 32: float32 → int8 | ratio | size float32 → int8 | integer products |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for x in r["rows"]:
+        s = x["tokens_per_second"]
+        cells = []
+        for b in ("1", "32"):
+            f, i = s[b]["float32"]["median"], s[b]["int8"]["median"]
+            cells += [f"{f:.0f} → {i:.0f}", f"{i / f:.2f}x"]
+        size = x["graph_bytes"]
+        products = sum(x["int8_products"].values()), sum(x["float32_products"].values())
+        lines.append(
+            f"| `{x['name']}` | {' | '.join(cells)} | {size['float32'] / 1e6:.1f} → {size['int8'] / 1e6:.1f} MB | "
+            f"{products[0]} of {products[1]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--packages", nargs="+", required=True, help="float32 model packages, one row each")
+    p.add_argument("--work", default="runs/int8-presets", help="int8 twins and nmt-eval outputs")
+    p.add_argument("--passes", type=int, default=4, help="timing passes per batch size (float32 and int8 each)")
+    p.add_argument("--source", default="data/corpus/test.en", help="the verses timed, one a line")
+    p.add_argument("--bootstrap-samples", type=int, default=1000, help="paired bootstrap resamples of the quality run")
+    p.add_argument("--bin", default="target/release", help="where nmt-export and nmt-eval are")
+    p.add_argument("--out-json", help="write the numbers here")
+    p.add_argument("--out-md", help="write the tables here")
+    args = p.parse_args()
+
+    start = {"loadavg": loadavg(), "busy": busy_processes()}
+    rows = [measure(args, package) for package in args.packages]
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "command": " ".join(["python3", os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
+        "git": git_state(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "loadavg_start": start["loadavg"],
+        "loadavg_end": loadavg(),
+        "busy_start": start["busy"],
+        "passes": args.passes,
+        "bootstrap_samples": args.bootstrap_samples,
+        "rows": rows,
+    }
+    if args.out_json:
+        with open(args.out_json, "w") as f:
+            json.dump(report, f, indent=1)
+    text = markdown(json.loads(json.dumps(report)))
+    if args.out_md:
+        with open(args.out_md, "w") as f:
+            f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
