@@ -24,6 +24,7 @@
 #                space-separated, e.g. "transformer.all rel-transformer.all"); the tables
 #                still show every recorded one
 #   STUDY_REPORT_ONLY=1  train nothing: write the tables from the models recorded so far
+#                (=length: only Oka et al.'s table of length encodings)
 #   STUDY_PREDICTOR_FROM  the package whose length predictor the LDPE/LRPE packages get
 #                (default models/en-es-rel-ldpe)
 # --quick: tiny models, 40 steps, 60 test verses: checks the pipeline in minutes, writes to
@@ -200,11 +201,13 @@ evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]
 
 all=() short=()
 for m in "${MODELS[@]}"; do all+=("$m.all"); short+=("$m.short"); done
-evaluate eval-all 16,32,64 yes "${all[@]}"
-evaluate eval-short "$cap,64" yes "${short[@]}"
-for m in "${THIRDS_MODELS[@]}"; do
-  evaluate "eval-thirds-$m" "$t1,$t2" no "$m.third1" "$m.third2" "$m.third3" "$m.all"
-done
+if [ "${STUDY_REPORT_ONLY:-}" != length ]; then
+  evaluate eval-all 16,32,64 yes "${all[@]}"
+  evaluate eval-short "$cap,64" yes "${short[@]}"
+  for m in "${THIRDS_MODELS[@]}"; do
+    evaluate "eval-thirds-$m" "$t1,$t2" no "$m.third1" "$m.third2" "$m.third3" "$m.all"
+  done
+fi
 
 aware=()
 for m in "${LENGTH_MODELS[@]}"; do aware+=("$m.all"); done
@@ -214,6 +217,7 @@ done
 python3 scripts/position_study.py length-encodings "$dir" --record "$record" "${STUDY_LENGTH_DOC:-$(dirname "$doc")/length-encodings.md}" \
   --steps "$steps" --size "$size" --models "${LENGTH_MODELS[@]}"
 
+[ "${STUDY_REPORT_ONLY:-}" = length ] && exit
 python3 scripts/position_study.py report "$dir" "$doc" --record "$record" --cap "$cap" --terciles "$t1" "$t2" \
   --steps "$steps" --size "$size" --models "${MODELS[@]}" --thirds-models "${THIRDS_MODELS[@]}"
 echo "position-study: wrote $doc" >&2
