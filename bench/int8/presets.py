@@ -35,6 +35,10 @@ from worker import Worker  # noqa: E402
 GATE_BLEU = 0.5
 
 
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def run(cmd, **kw):
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, **kw)
@@ -138,7 +142,10 @@ def markdown(report):
         "",
         "Written by `bench/int8/presets.py` (its docstring says how it works).",
         "",
-        f"- date: {r['date']}",
+        f"- date: {r['date']}" + (
+            " (rows measured on " + ", ".join(sorted({x['measured']['date'][:10] for x in r['rows']})) + "; each row's time in the JSON)"
+            if len({x.get('measured', {}).get('date', r['date'])[:13] for x in r['rows']}) > 1 else ""
+        ),
         f"- command: `{r['command']}`",
         f"- git: {r['git']['commit']}" + (" (working tree with uncommitted changes)" if r["git"]["dirty"] else ""),
         f"- CPU: {r['cpu']}, {r['cores']} cores; load average at start {r['loadavg_start']}, at end {r['loadavg_end']}",
@@ -195,12 +202,24 @@ def main():
     p.add_argument("--bin", default="target/release", help="where nmt-export and nmt-eval are")
     p.add_argument("--out-json", help="write the numbers here")
     p.add_argument("--out-md", help="write the tables here")
+    p.add_argument("--merge", action="store_true", help="keep the rows of --out-json for models not measured in this run (each row records when it was measured)")
     args = p.parse_args()
 
     start = {"loadavg": loadavg(), "busy": busy_processes()}
-    rows = [measure(args, package) for package in args.packages]
+    rows = []
+    for package in args.packages:
+        row = measure(args, package)
+        row["measured"] = {"date": now(), "loadavg_end": loadavg()}
+        rows.append(row)
+    if args.merge and args.out_json and os.path.exists(args.out_json):
+        # Rows of an earlier run for models not measured now stay, each with its own date.
+        with open(args.out_json) as f:
+            earlier = json.load(f)
+        fresh = {r["name"]: r for r in rows}
+        merged = [fresh.pop(r["name"], None) or dict(r, measured=r.get("measured", {"date": earlier["date"]})) for r in earlier["rows"]]
+        rows = merged + list(fresh.values())
     report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "date": now(),
         "command": " ".join(["python3", os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
         "git": git_state(),
         "cpu": cpu_model(),
