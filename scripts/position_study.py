@@ -89,7 +89,8 @@ def length_encodings(args):
         print(f"position_study: {doc} not written: evaluations missing", file=sys.stderr)
         return
     base = {s["label"]: s for s in load(ev_all)["systems"]}
-    by_src = {src: {s["label"]: s for s in load(p)["systems"]} for src, p in evals.items()}
+    reports = {src: load(p) for src, p in evals.items()}
+    by_src = {src: {s["label"]: s for s in r["systems"]} for src, r in reports.items()}
 
     def cells(system, control=False):
         if system is None:
@@ -128,9 +129,7 @@ def length_encodings(args):
         row = cells(by_src["auto"].get(run)) + cells(by_src["source"].get(run))
         row += cells(by_src["reference"].get(run), control=True)
         lines.append(f"| {m} | " + " | ".join(row) + " |")
-    lines += length_findings(args.models, base.get("transformer.all"), by_src, {
-        src: load(p)["paired_bootstrap"] for src, p in evals.items()
-    })
+    lines += length_findings(args.models, base.get("transformer.all"), by_src, reports["auto"]["paired_bootstrap"])
     lines += [
         "",
         "Oka et al. (ASPEC En-Ja, VAR (LR)): Transformer 29.51 (0.916); with the predicted "
@@ -147,7 +146,7 @@ def length_encodings(args):
         f.write("\n".join(lines))
 
 
-def length_findings(models, free, by_src, bootstrap):
+def length_findings(models, free, by_src, auto_bootstrap):
     """What the table shows, computed from it: the claims a reader checks first."""
     runs = [f"{m}.all" for m in models if f"{m}.all" in by_src["reference"]]
     if not runs or free is None:
@@ -197,7 +196,7 @@ def length_findings(models, free, by_src, bootstrap):
         "the source length is a poor guess and noise makes the decoder tolerate it; English and Spanish share "
         "this tokenizer and the source length is already close)."
     )
-    pb = bootstrap["auto"]
+    pb = auto_bootstrap
     deltas = ", ".join(
         f"{s['label'].removesuffix('.all')} {s['bleu']['delta']:+.2f} (p = {s['bleu']['p_value']:.3f})"
         for s in pb["systems"]

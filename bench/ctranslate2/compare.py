@@ -41,11 +41,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machine import busy_processes, cpu_model, git_state  # noqa: E402
+from machine import ROOT, busy_processes, cpu_model, git_state  # noqa: E402
 from worker import Worker  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # nmt-server's decoding limits (`nmt-server --help`), read from the same variables it reads,
 # so that CTranslate2 gets the output budget this server gives every sentence.

@@ -11,12 +11,13 @@ For each float32 package, `nmt-export quantize` writes its int8 twin (kept in --
 reused while the float32 graphs are unchanged). `nmt-eval` then translates the test books with
 both, as a request without options gets them (greedy; a length-aware package plans each
 sentence's length with its predictor), and compares them: BLEU, chrF and TER with sacrebleu's
-paired bootstrap against float32, and the share of identical outputs. The issue's gate is
-|delta BLEU| <= 0.5. Speed: --passes timing passes over the test verses at batch 1 and at batch 32,
-each package in its own warmed-up `nmt-bench-worker` (the engine compare.py times), float32
-and int8 alternating (ABBA...); target subwords per second, tokenization included, medians. The position study's `-small` models stand in for the presets
-because they are trained on real data for the same budget, so they can be compared; they are
-weaker than the shipped model, which is measured the same way when given.
+paired bootstrap against float32, and the share of identical outputs; the gate is
+|delta BLEU| <= 0.5. Speed: --passes timing passes over the test verses at batch 1 and at
+batch 32, each package in its own warmed-up `nmt-bench-worker` (the engine compare.py times),
+float32 and int8 alternating (ABBA...); target subwords per second, tokenization included,
+medians. The position study's `-small` models stand in for the presets because they are
+trained on real data for the same budget, so they can be compared; they are weaker than the
+shipped model, which is measured the same way when given.
 """
 
 import argparse
@@ -113,8 +114,10 @@ def measure(args, package):
     quality = evaluate(args, [package, twin], os.path.join(work, "quality"))
     f32, i8 = quality["systems"]
     bootstrap = quality["paired_bootstrap"]["systems"][1]
-    same = sum(a == b for a, b in zip(read_hypotheses(f32["hypotheses"]), read_hypotheses(i8["hypotheses"])))
-    speed = {batch: timing(args, {"float32": package, "int8": twin}, batch, work) for batch in (1, 32)}
+    f32_lines, i8_lines = read_hypotheses(f32["hypotheses"]), read_hypotheses(i8["hypotheses"])
+    same = sum(a == b for a, b in zip(f32_lines, i8_lines))
+    # Keyed as the JSON keeps them, so a report read back renders the same.
+    speed = {str(batch): timing(args, {"float32": package, "int8": twin}, batch, work) for batch in (1, 32)}
     quantization = manifest(twin)["quantization"]["graphs"]
     return {
         "package": package,
@@ -127,7 +130,7 @@ def measure(args, package):
         "p_value": {m: bootstrap[m]["p_value"] for m in ("bleu", "chrf", "ter")},
         "looping": {"float32": f32["overall"]["looping_share"], "int8": i8["overall"]["looping_share"]},
         "identical_outputs": same,
-        "sentences": len(read_hypotheses(f32["hypotheses"])),
+        "sentences": len(f32_lines),
         "tokens_per_second": speed,
         "graph_bytes": {"float32": graph_bytes(package), "int8": graph_bytes(twin)},
         "int8_products": {g: q["matmul_integer"] for g, q in quantization.items()},
@@ -137,15 +140,13 @@ def measure(args, package):
 
 def markdown(report):
     r = report
+    earlier = sorted({x["measured"]["run"] for x in r["rows"]} - {r["date"]})
     lines = [
         "# Int8 against float32, every preset",
         "",
         "Written by `bench/int8/presets.py` (its docstring says how it works).",
         "",
-        f"- date: {r['date']}" + (
-            " (rows measured on " + ", ".join(sorted({x['measured']['date'][:10] for x in r['rows']})) + "; each row's time in the JSON)"
-            if len({x.get('measured', {}).get('date', r['date'])[:13] for x in r['rows']}) > 1 else ""
-        ),
+        f"- date: {r['date']}" + (f" (rows kept from earlier runs: {', '.join(earlier)}; each row's time in the JSON)" if earlier else ""),
         f"- command: `{r['command']}`",
         f"- git: {r['git']['commit']}" + (" (working tree with uncommitted changes)" if r["git"]["dirty"] else ""),
         f"- CPU: {r['cpu']}, {r['cores']} cores; load average at start {r['loadavg_start']}, at end {r['loadavg_end']}",
@@ -205,21 +206,21 @@ def main():
     p.add_argument("--merge", action="store_true", help="keep the rows of --out-json for models not measured in this run (each row records when it was measured)")
     args = p.parse_args()
 
-    start = {"loadavg": loadavg(), "busy": busy_processes()}
+    start = {"date": now(), "loadavg": loadavg(), "busy": busy_processes()}
     rows = []
     for package in args.packages:
         row = measure(args, package)
-        row["measured"] = {"date": now(), "loadavg_end": loadavg()}
+        row["measured"] = {"run": start["date"], "date": now(), "loadavg_end": loadavg()}
         rows.append(row)
     if args.merge and args.out_json and os.path.exists(args.out_json):
         # Rows of an earlier run for models not measured now stay, each with its own date.
         with open(args.out_json) as f:
             earlier = json.load(f)
         fresh = {r["name"]: r for r in rows}
-        merged = [fresh.pop(r["name"], None) or dict(r, measured=r.get("measured", {"date": earlier["date"]})) for r in earlier["rows"]]
+        merged = [fresh.pop(r["name"], None) or r for r in earlier["rows"]]
         rows = merged + list(fresh.values())
     report = {
-        "date": now(),
+        "date": start["date"],
         "command": " ".join(["python3", os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
         "git": git_state(),
         "cpu": cpu_model(),
@@ -234,7 +235,7 @@ def main():
     if args.out_json:
         with open(args.out_json, "w") as f:
             json.dump(report, f, indent=1)
-    text = markdown(json.loads(json.dumps(report)))
+    text = markdown(report)
     if args.out_md:
         with open(args.out_md, "w") as f:
             f.write(text)
