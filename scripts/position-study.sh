@@ -207,6 +207,11 @@ if [ "${STUDY_REPORT_ONLY:-}" != length ]; then
   for m in "${THIRDS_MODELS[@]}"; do
     evaluate "eval-thirds-$m" "$t1,$t2" no "$m.third1" "$m.third2" "$m.third3" "$m.all"
   done
+  # Across families, for the paired bootstrap: the models trained on the same third, the
+  # Transformer first.
+  for k in 1 2 3; do
+    evaluate "eval-third$k" "$t1,$t2" no $(printf "%s.third$k " "${THIRDS_MODELS[@]}")
+  done
 fi
 
 aware=()

@@ -247,6 +247,11 @@ PAPERS = {
     "neishi_53": "Neishi & Yoshinaga (2019), section 5.3 (figure only): the Transformer is the "
     "worst Transformer variant on sentences longer than its training third, for every third; "
     "Rel-Transformer is competitive everywhere",
+    "neishi_fig7": "Neishi & Yoshinaga (2019), Fig. 7 (figure only): trained on the Long third, "
+    "Transformer and RNN-Transformer output inappropriately long translations of much shorter "
+    "sentences; Rel-Transformer does not",
+    "chen_t1": "Chen et al. (2019), Table 1 (WMT14 En-De) and Table 2 (NIST Zh-En): RPEHead "
+    "(base) above Transformer (base) on both (the scores are in the paper's tables)",
     "neishi_learned": "Neishi & Yoshinaga (2019), footnote 1: sinusoidal positions did better than "
     "learned ones beyond the training lengths",
 }
@@ -600,19 +605,111 @@ def findings(ev_all, ev_short, study, cap, lines):
             "Neishi & Yoshinaga, Fig. 3 (figure only)",
         ))
     if ev_all:
-        order = ["rnn-nmt", "transformer", "rel-transformer", "rnn-transformer", "rr-transformer"]
-        scores = {m: ev_all.bleu(f"{m}.all") for m in order if f"{m}.all" in ev_all.systems}
-        parts = ", ".join(f"{NAMES.get(m, m)} {fmt(v)}" for m, v in scores.items())
-        beats = [m for m in ("rel-transformer", "rnn-transformer", "rr-transformer")
-                 if m in scores and ev_all.p_overall(f"{m}.all") is not None
-                 and ev_all.p_overall(f"{m}.all") < SIGNIFICANCE and scores[m] > scores.get("transformer", 0)]
-        out.append(
-            f"7. **On all the data, every relative/recurrent variant beats the Transformer, and "
-            f"RR-Transformer is best.** Ours: {parts}; significantly above the Transformer: "
-            f"{', '.join(beats) or 'none'}. Paper: {PAPERS['neishi_t3']}. Verdict: "
-            f"{'held' if len(beats) == 3 and max(scores, key=scores.get) == 'rr-transformer' else 'partly or not (see the numbers)'}."
-        )
+        out += findings_all(ev_all)
+    out += findings_thirds(study)
     lines += out + [""]
+
+
+def findings_all(ev_all):
+    """The papers' claims about models trained on every pair (numbered 7 to 9)."""
+    out = []
+    order = ["rnn-nmt", "transformer", "rel-transformer", "rnn-transformer", "rr-transformer", "rpe-head"]
+    scores = {m: ev_all.bleu(f"{m}.all") for m in order if f"{m}.all" in ev_all.systems}
+    parts = ", ".join(f"{NAMES.get(m, m)} {fmt(v)}" for m, v in scores.items())
+    variants = ("rel-transformer", "rnn-transformer", "rr-transformer")
+    measured = [m for m in variants if m in scores]
+    beats = [m for m in measured if ev_all.p_overall(f"{m}.all") is not None
+             and ev_all.p_overall(f"{m}.all") < SIGNIFICANCE and scores[m] > scores.get("transformer", 0)]
+    best = max((m for m in scores if m in variants or m == "transformer"), key=scores.get, default=None)
+    if len(measured) < len(variants) or "transformer" not in scores:
+        held = "not measured yet (a model it needs is not recorded)"
+    elif len(beats) == len(variants) and best == "rr-transformer":
+        held = "**held**"
+    else:
+        held = (f"partly: {len(beats)} of {len(variants)} significantly above the Transformer; "
+                f"best: {NAMES.get(best, best)}")
+    out.append(
+        f"7. **On all the data, every relative/recurrent variant beats the Transformer, and "
+        f"RR-Transformer is best.** Ours: {parts}; significantly above the Transformer: "
+        f"{', '.join(NAMES.get(m, m) for m in beats) or 'none'}. Paper: {PAPERS['neishi_t3']}. "
+        f"Verdict: {held}."
+    )
+    out.append(tested(
+        8,
+        "RPEHead beats the Transformer.",
+        "On all the data, RPEHead minus Transformer:",
+        drop(scores.get("transformer"), scores.get("rpe-head")),
+        ev_all.p_overall("rpe-head.all"),
+        PAPERS["chen_t1"],
+    ))
+    out.append(tested(
+        9,
+        "The RNN-NMT baseline is below the Transformer.",
+        "On all the data, Transformer minus RNN-NMT:",
+        drop(scores.get("rnn-nmt"), scores.get("transformer")),
+        ev_all.p_overall("rnn-nmt.all"),
+        PAPERS["neishi_t3"],
+    ))
+    return out
+
+
+def findings_thirds(study):
+    """Neishi & Yoshinaga's section 5.3 on our thirds (numbered 10 and 11): per third, the
+    Transformer against the Rel-Transformer trained on the same third."""
+    evals = {}
+    for k in (1, 2, 3):
+        path = os.path.join(study, f"eval-third{k}")
+        if os.path.exists(os.path.join(path, "report.json")):
+            evals[k] = Eval(path)
+    cells = []  # (trained on, tested on, Rel minus Transformer, p), on test buckets beyond the third
+    for k, ev in evals.items():
+        t, r = f"transformer.third{k}", f"rel-transformer.third{k}"
+        if t not in ev.systems or r not in ev.systems:
+            continue
+        buckets = ev.buckets()
+        for b in buckets[k:]:
+            cells.append((buckets[k - 1], b, drop(ev.bleu(t, b), ev.bleu(r, b)), ev.p_bucket(r, b)))
+    if len(cells) < 3:
+        longer = "not measured yet (a model it needs is not recorded)"
+        measured = "–"
+    else:
+        measured = "; ".join(f"trained {a}, tested {b}: {fmt(d)} (p = {fmt(p, 3)})" for a, b, d, p in cells)
+        positive = all(d > 0 for _, _, d, _ in cells)
+        significant = sum(1 for _, _, d, p in cells if d > 0 and p is not None and p < SIGNIFICANCE)
+        if positive and significant == len(cells):
+            longer = "**held**"
+        elif positive:
+            longer = f"same direction in every cell, significant in {significant} of {len(cells)}"
+        else:
+            wrong = sum(1 for _, _, d, p in cells if d < 0 and p is not None and p < SIGNIFICANCE)
+            longer = (f"**did not hold** in {sum(1 for c in cells if c[2] <= 0)} of {len(cells)} cells"
+                      f" ({wrong} significantly the other way)")
+    out = [
+        f"10. **Trained on a third of the data by length, the Transformer is below the "
+        f"Rel-Transformer on sentences longer than that third.** Rel minus Transformer: "
+        f"{measured}. Paper: {PAPERS['neishi_53']}. Verdict: {longer}."
+    ]
+    ev = evals.get(3)
+    if ev is None or "transformer.third3" not in ev.systems or "rel-transformer.third3" not in ev.systems:
+        out.append(
+            f"11. **Trained on the long third, the Transformer writes too long translations of "
+            f"short sentences; the Rel-Transformer does not.** Paper: {PAPERS['neishi_fig7']}. "
+            f"Verdict: not measured yet (a model it needs is not recorded)."
+        )
+    else:
+        shortest = ev.buckets()[0]
+        ratio = lambda run: next(b["length_ratio"] for b in ev.systems[run]["by_source_length"]
+                                 if b["bucket"] == shortest)
+        t, r = ratio("transformer.third3"), ratio("rel-transformer.third3")
+        held = "held" if t > 1.0 and t > r else "**did not hold**"
+        out.append(
+            f"11. **Trained on the long third, the Transformer writes too long translations of "
+            f"short sentences; the Rel-Transformer does not.** Length ratio (hypothesis / "
+            f"reference words, sacrebleu's) at test {shortest}: Transformer {t:.3f}, "
+            f"Rel-Transformer {r:.3f} (a ratio, no test). Paper: {PAPERS['neishi_fig7']}. "
+            f"Verdict: {held}."
+        )
+    return out
 
 
 def main():
