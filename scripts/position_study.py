@@ -293,17 +293,19 @@ class Eval:
         first = next(iter(self.systems.values()))
         return [b["bucket"] for b in first["by_source_length"]]
 
-    def bleu(self, run, bucket=None):
-        """None for a run not (yet) in this evaluation: the study fills in over sessions."""
+    def row(self, run, bucket=None):
+        """`run`'s figures over all sentences or in one source-length bucket; None for a run
+        not (yet) in this evaluation: the study fills in over sessions."""
         if run not in self.systems:
             return None
         s = self.systems[run]
         if bucket is None:
-            return s["overall"]["bleu"]["score"]
-        for b in s["by_source_length"]:
-            if b["bucket"] == bucket:
-                return b["bleu"]["score"]
-        return None
+            return s["overall"]
+        return next((b for b in s["by_source_length"] if b["bucket"] == bucket), None)
+
+    def bleu(self, run, bucket=None):
+        row = self.row(run, bucket)
+        return None if row is None else row["bleu"]["score"]
 
     def sentences(self, bucket):
         first = next(iter(self.systems.values()))
@@ -707,9 +709,7 @@ def findings_thirds(study):
         )
     else:
         shortest = ev.buckets()[0]
-        ratio = lambda run: next(b["length_ratio"] for b in ev.systems[run]["by_source_length"]
-                                 if b["bucket"] == shortest)
-        t, r = ratio("transformer.third3"), ratio("rel-transformer.third3")
+        t, r = (ev.row(run, shortest)["length_ratio"] for run in ("transformer.third3", "rel-transformer.third3"))
         held = "held" if t > 1.0 and t > r else "**did not hold**"
         out.append(
             f"11. **Trained on the long third, the Transformer writes too long translations of "
