@@ -7,7 +7,9 @@
 # report and its translations of the test sets (nmt-eval's decoded.json, ~100 KB) in
 # docs/experiments/position-study/runs/<name>/, and is then never trained again; the tables
 # are scored from those files. An unfinished model resumes from its last checkpoint while
-# the machine keeps it.
+# the machine keeps it. An evaluation whose command, translations and scorer are unchanged
+# since it last finished is not run again, so a re-run after one more model rescores only
+# the tables that model is in.
 #
 #   scripts/position-study.sh [--quick]
 #
@@ -180,12 +182,15 @@ fi
 evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]
   local out=$1 edges=$2 concat=$3
   shift 3
-  local packages=()
+  local packages=() decoded=()
   local ask=default
   [ "${1:-}" = --ask ] && { ask=$2; shift 2; }
   # Models not yet recorded are left out: the tables show what the record holds so far.
   while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do
-    [ -f "$record/runs/$1/decoded-$ask.json" ] && packages+=(--package "$record/runs/$1/decoded-$ask.json")
+    if [ -f "$record/runs/$1/decoded-$ask.json" ]; then
+      decoded+=("$record/runs/$1/decoded-$ask.json")
+      packages+=(--package "$record/runs/$1/decoded-$ask.json")
+    fi
     shift
   done
   if [ ${#packages[@]} = 0 ]; then
@@ -194,9 +199,20 @@ evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]
   fi
   local concat_flag=()
   [ "$concat" = no ] && concat_flag=(--no-concat)
+  local command=("$bin/nmt-eval" "${packages[@]}" --split test --beyond-input-limit
+    --bucket-edges "$edges" "${concat_flag[@]}" "${eval_flags[@]}" $limit_flags "$@" --out "$dir/$out")
+  # An evaluation is a function of its command, its inputs and the scorer: when none changed
+  # since the last one finished, its report stands (a full pass takes ~25 min on 2 cores).
+  local inputs
+  inputs=$(printf '%s\n' "${command[@]}"; sha256sum "$bin/nmt-eval" "${decoded[@]}")
+  if [ -f "$dir/$out/report.json" ] && [ "$(cat "$dir/$out/inputs.txt" 2>/dev/null)" = "$inputs" ]; then
+    echo "position-study: $out is up to date" >&2
+    return 0
+  fi
+  rm -f "$dir/$out/inputs.txt"
   echo "position-study: evaluating $out" >&2
-  $bin/nmt-eval "${packages[@]}" --split test --beyond-input-limit --bucket-edges "$edges" \
-    "${concat_flag[@]}" "${eval_flags[@]}" $limit_flags "$@" --out "$dir/$out" >&2
+  "${command[@]}" >&2
+  printf '%s\n' "$inputs" > "$dir/$out/inputs.txt"
 }
 
 all=() short=()
