@@ -710,7 +710,7 @@ def findings_thirds(study):
     else:
         shortest = ev.buckets()[0]
         t, r = (ev.row(run, shortest)["length_ratio"] for run in ("transformer.third3", "rel-transformer.third3"))
-        held = "held" if t > 1.0 and t > r else "**did not hold**"
+        held = "**held**" if t > 1.0 and t > r else "**did not hold**"
         out.append(
             f"11. **Trained on the long third, the Transformer writes too long translations of "
             f"short sentences; the Rel-Transformer does not.** Length ratio (hypothesis / "
