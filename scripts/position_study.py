@@ -685,16 +685,20 @@ def findings_thirds(study):
         measured = "–"
     else:
         measured = "; ".join(f"trained {a}, tested {b}: {fmt(d)} (p = {fmt(p, 3)})" for a, b, d, p in cells)
-        positive = all(d > 0 for _, _, d, _ in cells)
-        significant = sum(1 for _, _, d, p in cells if d > 0 and p is not None and p < SIGNIFICANCE)
-        if positive and significant == len(cells):
+        significant = [p is not None and p < SIGNIFICANCE for _, _, _, p in cells]
+        above = sum(1 for (_, _, d, _), sig in zip(cells, significant) if sig and d > 0)
+        below = sum(1 for (_, _, d, _), sig in zip(cells, significant) if sig and d < 0)
+        counts = (f"Rel significantly above in {above} of {len(cells)} cells, significantly below "
+                  f"in {below}, no significant difference in {len(cells) - above - below}")
+        if above == len(cells):
             longer = "**held**"
-        elif positive:
-            longer = f"same direction in every cell, significant in {significant} of {len(cells)}"
+        elif above == 0 and below == 0:
+            same = sum(1 for _, _, d, _ in cells if d > 0)
+            longer = f"inconclusive: no cell differs significantly (Rel above in {same} of {len(cells)})"
+        elif above == 0:
+            longer = f"**did not hold**: {counts}"
         else:
-            wrong = sum(1 for _, _, d, p in cells if d < 0 and p is not None and p < SIGNIFICANCE)
-            longer = (f"**did not hold** in {sum(1 for c in cells if c[2] <= 0)} of {len(cells)} cells"
-                      f" ({wrong} significantly the other way)")
+            longer = f"partly: {counts}"
     out = [
         f"10. **Trained on a third of the data by length, the Transformer is below the "
         f"Rel-Transformer on sentences longer than that third.** Rel minus Transformer: "
