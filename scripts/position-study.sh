@@ -7,9 +7,9 @@
 # report and its translations of the test sets (nmt-eval's decoded.json, ~100 KB) in
 # docs/experiments/position-study/runs/<name>/, and is then never trained again; the tables
 # are scored from those files. An unfinished model resumes from its last checkpoint while
-# the machine keeps it. An evaluation whose command, translations and scorer are unchanged
-# since it last finished is not run again, so a re-run after one more model rescores only
-# the tables that model is in.
+# the machine keeps it. An evaluation whose command, translations, test set and scorer are
+# unchanged since it last finished is not run again, so a re-run after one more model
+# rescores only the tables that model is in.
 #
 #   scripts/position-study.sh [--quick]
 #
@@ -182,29 +182,28 @@ fi
 evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]
   local out=$1 edges=$2 concat=$3
   shift 3
-  local packages=() decoded=()
+  local decoded=()
   local ask=default
   [ "${1:-}" = --ask ] && { ask=$2; shift 2; }
   # Models not yet recorded are left out: the tables show what the record holds so far.
   while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do
-    if [ -f "$record/runs/$1/decoded-$ask.json" ]; then
-      decoded+=("$record/runs/$1/decoded-$ask.json")
-      packages+=(--package "$record/runs/$1/decoded-$ask.json")
-    fi
+    [ -f "$record/runs/$1/decoded-$ask.json" ] && decoded+=("$record/runs/$1/decoded-$ask.json")
     shift
   done
-  if [ ${#packages[@]} = 0 ]; then
+  if [ ${#decoded[@]} = 0 ]; then
     echo "position-study: $out skipped, none of its models recorded yet" >&2
     return 0
   fi
-  local concat_flag=()
+  local concat_flag=() packages=() file
   [ "$concat" = no ] && concat_flag=(--no-concat)
+  for file in "${decoded[@]}"; do packages+=(--package "$file"); done
   local command=("$bin/nmt-eval" "${packages[@]}" --split test --beyond-input-limit
     --bucket-edges "$edges" "${concat_flag[@]}" "${eval_flags[@]}" $limit_flags "$@" --out "$dir/$out")
-  # An evaluation is a function of its command, its inputs and the scorer: when none changed
-  # since the last one finished, its report stands (a full pass takes ~25 min on 2 cores).
+  # An evaluation is a function of its command, its translations, the test set and the
+  # scorer: when none changed since the last one finished, its report stands (a full pass
+  # takes ~27 min on 2 cores).
   local inputs
-  inputs=$(printf '%s\n' "${command[@]}"; sha256sum "$bin/nmt-eval" "${decoded[@]}")
+  inputs=$(printf '%s\n' "${command[@]}" "$scored_by"; sha256sum "${decoded[@]}")
   if [ -f "$dir/$out/report.json" ] && [ "$(cat "$dir/$out/inputs.txt" 2>/dev/null)" = "$inputs" ]; then
     echo "position-study: $out is up to date" >&2
     return 0
@@ -215,6 +214,8 @@ evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]
   printf '%s\n' "$inputs" > "$dir/$out/inputs.txt"
 }
 
+scored_by=$(sha256sum "$bin/nmt-eval" data/corpus/test.en data/corpus/test.es data/corpus/test-concat.tsv
+  python3 -c 'import sacrebleu; print("sacrebleu", sacrebleu.__version__)')
 all=() short=()
 for m in "${MODELS[@]}"; do all+=("$m.all"); short+=("$m.short"); done
 if [ "${STUDY_REPORT_ONLY:-}" != length ]; then

@@ -685,9 +685,9 @@ def findings_thirds(study):
         measured = "–"
     else:
         measured = "; ".join(f"trained {a}, tested {b}: {fmt(d)} (p = {fmt(p, 3)})" for a, b, d, p in cells)
-        significant = [p is not None and p < SIGNIFICANCE for _, _, _, p in cells]
-        above = sum(1 for (_, _, d, _), sig in zip(cells, significant) if sig and d > 0)
-        below = sum(1 for (_, _, d, _), sig in zip(cells, significant) if sig and d < 0)
+        significant = [d for _, _, d, p in cells if p is not None and p < SIGNIFICANCE]
+        above = sum(1 for d in significant if d > 0)
+        below = sum(1 for d in significant if d < 0)
         counts = (f"Rel significantly above in {above} of {len(cells)} cells, significantly below "
                   f"in {below}, no significant difference in {len(cells) - above - below}")
         if above == len(cells):
