@@ -7,7 +7,7 @@ set -euo pipefail
 # exposition with promtool. fonts-dejavu-core: the font nmt-eval draws its plots' text with.
 # chromium: the web page test loads `/` in headless Chromium. curl: the README test runs the
 # README's curl examples as written.
-APT_PACKAGES=(diatheke sword-text-web sword-text-kjv sword-text-sparv prometheus fonts-dejavu-core chromium curl)
+APT_PACKAGES=(gettext diatheke sword-text-web sword-text-kjv sword-text-sparv prometheus fonts-dejavu-core chromium curl)
 PIP_PACKAGES=(onnxruntime==1.31.1 onnx==1.23.2 sacrebleu==2.6.0)
 
 missing=()

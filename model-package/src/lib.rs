@@ -8,6 +8,7 @@
 pub mod config;
 pub mod manifest;
 pub mod names;
+pub mod placeholders;
 pub mod special;
 
 pub use config::{

@@ -233,6 +233,8 @@ fn train_and_export(work: &Path, preset: &'static str) -> Trained {
         joined_fraction: 0.0,
         joined_max_verses: nmt_train::train::DEFAULT_JOINED_MAX_VERSES,
         init_from: None,
+        mask_fraction: 0.0,
+        dev_splits: vec!["dev".into()],
         dev_limit: DEV_PAIRS,
         seed: TRAIN_SEED,
         quiet: true,

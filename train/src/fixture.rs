@@ -29,6 +29,8 @@ pub fn tiny_run_with(dir: &Path, preset: &str, steps: usize) -> anyhow::Result<T
         tokenizer: None,
         diatheke: PathBuf::from("diatheke"),
         jobs: 0,
+        catalogs: None,
+        catalog_cache: PathBuf::from("data/debian-cache"),
     })?;
     let train = corpus::read_parallel(&corpus_dir, "train")?;
     let texts: Vec<String> = train
@@ -67,6 +69,8 @@ pub fn tiny_run_with(dir: &Path, preset: &str, steps: usize) -> anyhow::Result<T
         joined_fraction: 0.0,
         joined_max_verses: crate::train::DEFAULT_JOINED_MAX_VERSES,
         init_from: None,
+        mask_fraction: 0.0,
+        dev_splits: vec!["dev".into()],
         dev_limit: 64,
         seed: 1,
         quiet: true,

@@ -6,10 +6,54 @@ use std::path::Path;
 
 use anyhow::{ensure, Context, Result};
 
-use super::splits::{ConcatExample, Splits};
+use super::catalogs::{CatalogPair, CatalogSplits};
+use super::splits::{ConcatExample, Example, Splits};
 
 /// Split names, as `read_parallel` takes them.
 pub const SPLITS: [&str; 3] = ["train", "dev", "test"];
+/// The held-out catalog splits, written when the corpus includes the catalogs.
+pub const CATALOG_SPLITS: [&str; 2] = ["l10n-dev", "l10n-test"];
+
+/// One text per line: catalog strings hold newlines and tabs, which must reach the tokenizer
+/// and the model as they are, so lines escape them as gettext's .po files do (`\n`, `\t`,
+/// `\r`, `\\`). Bible verses have none of these characters: their files are unchanged.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The inverse of [`escape`]; a backslash before any other character is kept as it is.
+pub fn unescape(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('\\') => out.push('\\'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
 
 /// Reads a split ("train", "dev" or "test") written by `nmt-train corpus`: (English, Spanish)
 /// pairs in file order.
@@ -18,7 +62,7 @@ pub fn read_parallel(dir: &Path, split: &str) -> anyhow::Result<Vec<(String, Str
         let path = dir.join(format!("{split}.{lang}"));
         let text = fs::read_to_string(&path)
             .with_context(|| format!("reading {} (run `nmt-train corpus`)", path.display()))?;
-        Ok(text.lines().map(str::to_string).collect())
+        Ok(text.lines().map(unescape).collect())
     };
     let en = read("en")?;
     let es = read("es")?;
@@ -57,22 +101,60 @@ pub fn read_concat(dir: &Path) -> Result<Vec<ConcatExample>> {
     Ok(out)
 }
 
-/// Writes the splits and the long-input test set (`test-concat.tsv`) to `out`.
-pub fn write_corpus(out: &Path, splits: &Splits, concat: &[ConcatExample]) -> Result<()> {
+/// Writes the splits and the long-input test set (`test-concat.tsv`) to `out`; with
+/// `catalogs`, their training pairs follow the Bible's in `train.*`, their held-out packages
+/// go to `l10n-dev.*` and `l10n-test.*`, and every split gets a line-aligned `.origin` file
+/// (`bible/<module>` or `debian/<package>/<catalog>`).
+pub fn write_corpus(
+    out: &Path,
+    splits: &Splits,
+    concat: &[ConcatExample],
+    catalogs: Option<&CatalogSplits>,
+) -> Result<()> {
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    for (name, split) in [
-        ("train", &splits.train),
-        ("dev", &splits.dev),
-        ("test", &splits.test),
-    ] {
+    let bible = |split: &[Example]| -> Vec<Line> {
+        split
+            .iter()
+            .map(|e| Line {
+                en: e.en.clone(),
+                es: e.es.clone(),
+                origin: format!("bible/{}", e.source),
+            })
+            .collect()
+    };
+    let catalog = |pairs: &[CatalogPair]| -> Vec<Line> {
+        pairs
+            .iter()
+            .map(|p| Line {
+                en: p.en.clone(),
+                es: p.es.clone(),
+                origin: p.origin(),
+            })
+            .collect()
+    };
+    let mut train = bible(&splits.train);
+    let mut files = vec![("dev", bible(&splits.dev)), ("test", bible(&splits.test))];
+    if let Some(c) = catalogs {
+        train.extend(catalog(&c.train));
+        files.push((CATALOG_SPLITS[0], catalog(&c.dev)));
+        files.push((CATALOG_SPLITS[1], catalog(&c.test)));
+    }
+    files.insert(0, ("train", train));
+    for (name, lines) in &files {
         write_lines(
             &out.join(format!("{name}.en")),
-            split.iter().map(|e| e.en.as_str()),
+            lines.iter().map(|l| l.en.as_str()),
         )?;
         write_lines(
             &out.join(format!("{name}.es")),
-            split.iter().map(|e| e.es.as_str()),
+            lines.iter().map(|l| l.es.as_str()),
         )?;
+        if catalogs.is_some() {
+            write_lines(
+                &out.join(format!("{name}.origin")),
+                lines.iter().map(|l| l.origin.as_str()),
+            )?;
+        }
     }
     let concat_lines: Vec<String> = std::iter::once("n_verses\tref\ten\tes".to_string())
         .chain(
@@ -81,11 +163,16 @@ pub fn write_corpus(out: &Path, splits: &Splits, concat: &[ConcatExample]) -> Re
                 .map(|c| format!("{}\t{}\t{}\t{}", c.n_verses, c.reference, c.en, c.es)),
         )
         .collect();
-    write_lines(
-        &out.join("test-concat.tsv"),
-        concat_lines.iter().map(String::as_str),
-    )?;
+    fs::write(out.join("test-concat.tsv"), concat_lines.join("\n") + "\n")
+        .with_context(|| format!("writing {}", out.join("test-concat.tsv").display()))?;
     Ok(())
+}
+
+/// One pair as written: both sides and where it comes from.
+struct Line {
+    en: String,
+    es: String,
+    origin: String,
 }
 
 fn write_lines<'a>(path: &Path, lines: impl IntoIterator<Item = &'a str>) -> Result<()> {
@@ -93,8 +180,7 @@ fn write_lines<'a>(path: &Path, lines: impl IntoIterator<Item = &'a str>) -> Res
         fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
     );
     for line in lines {
-        debug_assert!(!line.contains('\n'));
-        f.write_all(line.as_bytes())?;
+        f.write_all(escape(line).as_bytes())?;
         f.write_all(b"\n")?;
     }
     f.flush()?;
@@ -104,6 +190,16 @@ fn write_lines<'a>(path: &Path, lines: impl IntoIterator<Item = &'a str>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escaping_keeps_newlines_tabs_and_backslashes() {
+        for text in ["plain", "a\nb\tc\r", "C:\\dir\\n", "\\", "end\\", "\n\n"] {
+            let line = escape(text);
+            assert!(!line.contains(['\n', '\t', '\r']), "{line:?}");
+            assert_eq!(unescape(&line), text);
+        }
+        assert_eq!(unescape("a\\qb"), "a\\qb", "unknown escapes are kept");
+    }
 
     #[test]
     fn read_parallel_reads_what_is_written() {

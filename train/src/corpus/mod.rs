@@ -87,6 +87,7 @@
 
 pub mod align;
 pub mod canon;
+pub mod catalogs;
 pub mod files;
 pub mod osis;
 pub mod recase;
@@ -112,7 +113,7 @@ use sword::{check_modules, extract_all, RawVerse, KJV_MODULE, SPANISH_MODULE, WE
 use texts::{english_texts, spanish_texts, ModuleTexts};
 
 /// What the later stages read.
-pub use files::{read_concat, read_parallel, SPLITS};
+pub use files::{read_concat, read_parallel, CATALOG_SPLITS, SPLITS};
 
 /// Arguments of `nmt-train corpus`.
 #[derive(clap::Args, Debug, Clone)]
@@ -138,6 +139,14 @@ pub struct CorpusArgs {
     /// diatheke processes run at once (0: one per CPU core).
     #[arg(long, default_value = "0")]
     pub jobs: usize,
+    /// A pinned list of Debian packages (`train/data/debian-catalogs.tsv`): their Spanish
+    /// gettext catalogs are added to the corpus (training pairs after the Bible's, held-out
+    /// packages in `l10n-dev.*` and `l10n-test.*`, provenance in `*.origin` and `sources.tsv`).
+    #[arg(long)]
+    pub catalogs: Option<PathBuf>,
+    /// Where the packages of `--catalogs` are downloaded and unpacked (kept between runs).
+    #[arg(long, default_value = "data/debian-cache")]
+    pub catalog_cache: PathBuf,
 }
 
 fn parse_books(names: &[String]) -> Result<Vec<usize>> {
@@ -233,15 +242,40 @@ pub fn run(args: CorpusArgs) -> anyhow::Result<()> {
     let splits = build_splits(&aligned, &books.dev, &books.test, HELD_OUT_SOURCE);
     check_splits(&splits, &books.dev, &books.test)?;
     let concat = concat_groups(&splits.test, &args.concat_sizes);
+    let catalogs = match &args.catalogs {
+        Some(pins) => Some(catalogs::run(pins, &args.catalog_cache)?),
+        None => None,
+    };
 
-    files::write_corpus(&args.out, &splits, &concat)?;
-    let stats = stats::corpus_stats(&books.train, &splits, &concat, &reports, &es);
+    files::write_corpus(&args.out, &splits, &concat, catalogs.as_ref())?;
+    let mut stats = stats::corpus_stats(&books.train, &splits, &concat, &reports, &es);
+    if let Some(c) = &catalogs {
+        stats["catalogs"] = catalogs::stats(c);
+        let sources = args.out.join("sources.tsv");
+        fs::write(&sources, catalogs::sources_tsv(c))
+            .with_context(|| format!("writing {}", sources.display()))?;
+        print_catalog_summary(c);
+    }
     let stats_path = args.out.join("stats.json");
     fs::write(&stats_path, serde_json::to_string_pretty(&stats)? + "\n")
         .with_context(|| format!("writing {}", stats_path.display()))?;
 
     print_summary(&args.out, &books, &splits, &concat, &reports, started);
     Ok(())
+}
+
+fn print_catalog_summary(c: &catalogs::CatalogSplits) {
+    println!(
+        "  catalogs: {} packages, {} training pairs, {} l10n-dev, {} l10n-test; {} duplicates, \
+         {} held-out pairs dropped for repeating a training English; dropped entries {:?}",
+        c.packages.len(),
+        c.train.len(),
+        c.dev.len(),
+        c.test.len(),
+        c.duplicates,
+        c.held_out_seen_in_train,
+        c.dropped
+    );
 }
 
 fn print_summary(
@@ -298,6 +332,8 @@ mod tests {
             tokenizer: None,
             diatheke: PathBuf::from("diatheke"),
             jobs: 0,
+            catalogs: None,
+            catalog_cache: PathBuf::from("data/debian-cache"),
         }
     }
 

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use indicatif::{ProgressBar, ProgressStyle};
-use model_package::ModelConfig;
+use model_package::{placeholders, ModelConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -124,6 +124,19 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = DEFAULT_JOINED_MAX_VERSES, value_parser = clap::value_parser!(u32).range(2..))]
     #[serde(default = "default_joined_max_verses")]
     pub joined_max_verses: u32,
+    /// Mask this fraction of the training pairs that carry placeholders, numbers, URLs or
+    /// markup on both sides (the same spans, see `model_package::placeholders`): each span
+    /// becomes a sentinel `｟k｠` in the source and the target alike, so the model learns to
+    /// copy sentinels, which the server puts back. The rest stay as they are, so the model
+    /// also copies placeholders it is shown raw. Chosen per pair from `--seed`.
+    #[arg(long, default_value_t = 0.0)]
+    #[serde(default)]
+    pub mask_fraction: f64,
+    /// The splits of the corpus the dev loss is computed on (each cut to `--dev-limit`),
+    /// e.g. `dev,l10n-dev` for the Bible and the held-out catalogs.
+    #[arg(long, value_delimiter = ',', default_value = "dev")]
+    #[serde(default = "default_dev_splits")]
+    pub dev_splits: Vec<String>,
     /// Start a new run (fresh optimizer, step 0) from the weights of this checkpoint
     /// directory instead of random ones: fine-tuning with other data or a decoder that reads
     /// the same weights differently (e.g. `rel-transformer` weights into `rel-ldpe`, whose
@@ -171,6 +184,30 @@ pub const DEFAULT_JOINED_MAX_VERSES: u32 = 4;
 
 fn default_joined_max_verses() -> u32 {
     DEFAULT_JOINED_MAX_VERSES
+}
+
+fn default_dev_splits() -> Vec<String> {
+    vec!["dev".into()]
+}
+
+/// Masks `fraction` of the pairs that [`placeholders::mask_pair`] can mask, chosen by a
+/// hash of (`seed`, index): the same pairs on every resume.
+pub fn mask_pairs(pairs: &mut [(String, String)], fraction: f64, seed: u64) -> usize {
+    if fraction <= 0.0 {
+        return 0;
+    }
+    let mut masked = 0;
+    for (i, pair) in pairs.iter_mut().enumerate() {
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0xBB67_AE85_84CA_A73B ^ (i as u64) << 1);
+        if rng.gen::<f64>() >= fraction {
+            continue;
+        }
+        if let Some((en, es)) = placeholders::mask_pair(&pair.0, &pair.1) {
+            *pair = (en, es);
+            masked += 1;
+        }
+    }
+    masked
 }
 
 /// `round(fraction * n)` long pairs, each 2 to `max_verses` of `pairs` two lines apart joined
@@ -364,8 +401,16 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<TrainReport> {
         args.seed,
     );
     train_pairs.extend(joined);
-    let mut dev_pairs = crate::corpus::read_parallel(&args.corpus, "dev")?;
-    dev_pairs.truncate(args.dev_limit);
+    let masked = mask_pairs(&mut train_pairs, args.mask_fraction, args.seed);
+    if args.mask_fraction > 0.0 && !args.quiet {
+        eprintln!("train: {masked} training pairs masked with placeholder sentinels");
+    }
+    let mut dev_pairs = Vec::new();
+    for split in &args.dev_splits {
+        let mut pairs = crate::corpus::read_parallel(&args.corpus, split)?;
+        pairs.truncate(args.dev_limit);
+        dev_pairs.extend(pairs);
+    }
     let mut train_set = encode_pairs(&tokenizer, &train_pairs, args.max_len)?;
     train_set.retain(|e| args.keeps_source_length(e.source.len() - 1));
     let dev_set = encode_pairs(&tokenizer, &dev_pairs, args.max_len)?;
