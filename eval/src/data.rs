@@ -30,20 +30,31 @@ impl Parallel {
     }
 }
 
-fn read_lines(path: &Path) -> Result<Vec<String>> {
+/// `escaped`: the files are a corpus split, whose lines escape newlines, tabs and
+/// backslashes (`model_package::lines`); other files are read as they are.
+fn read_lines(path: &Path, escaped: bool) -> Result<Vec<String>> {
     let text = fs::read_to_string(path).with_context(|| {
         format!(
             "reading {} (the corpus comes from `nmt-train corpus --out data/corpus`)",
             path.display()
         )
     })?;
-    Ok(text.lines().map(str::to_string).collect())
+    Ok(text
+        .lines()
+        .map(|l| {
+            if escaped {
+                model_package::lines::unescape(l)
+            } else {
+                l.to_string()
+            }
+        })
+        .collect())
 }
 
-/// Reads two aligned files, one sentence a line.
-pub fn read_parallel(source: &Path, reference: &Path) -> Result<Parallel> {
-    let sources = read_lines(source)?;
-    let references = read_lines(reference)?;
+/// Reads two aligned files, one sentence a line (`escaped`: see [`read_lines`]).
+pub fn read_parallel(source: &Path, reference: &Path, escaped: bool) -> Result<Parallel> {
+    let sources = read_lines(source, escaped)?;
+    let references = read_lines(reference, escaped)?;
     ensure!(
         sources.len() == references.len(),
         "{} has {} lines but {} has {}",

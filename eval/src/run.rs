@@ -50,7 +50,7 @@ fn load_set(args: &Args) -> Result<EvalSet> {
             args.corpus.join(format!("{}.es", args.split)),
         ),
     };
-    let mut data = data::read_parallel(&source, &reference)?;
+    let mut data = data::read_parallel(&source, &reference, args.source.is_none())?;
     if let Some(n) = args.limit {
         data.truncate(n);
     }
@@ -83,7 +83,7 @@ fn load_concat(args: &Args) -> Result<Option<ConcatSet>> {
         groups = data::limit_groups(groups, n);
     }
     let dir = path.parent().unwrap_or(Path::new("."));
-    let verses = data::read_parallel(&dir.join("test.en"), &dir.join("test.es"))?;
+    let verses = data::read_parallel(&dir.join("test.en"), &dir.join("test.es"), true)?;
     data::locate_verses(&mut groups, &verses).with_context(|| path.display().to_string())?;
     Ok(Some(ConcatSet {
         path,
@@ -306,10 +306,12 @@ struct Pending {
     counts: Counts,
 }
 
+/// One text a line, as sacrebleu reads them: a text's own line breaks and tabs (catalog
+/// strings have them) become spaces, which its tokenizer treats alike.
 fn write_lines<'a>(path: &Path, lines: impl Iterator<Item = &'a str>) -> Result<()> {
     let mut text = String::new();
     for line in lines {
-        text.push_str(line);
+        text.push_str(&line.replace(['\n', '\r', '\t'], " "));
         text.push('\n');
     }
     fs::write(path, text).with_context(|| format!("writing {}", path.display()))

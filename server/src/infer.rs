@@ -21,7 +21,7 @@ use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, Le
 use crate::logits::MAX_NO_REPEAT_NGRAM_SIZE;
 use crate::metrics::{input_length_bucket, Metrics};
 use crate::openapi;
-use crate::package::TextCodec;
+use crate::package::{Prepared, Restore, TextCodec};
 use crate::scheduler::{Finished, Translator};
 
 /// Limits every request is checked against.
@@ -251,6 +251,8 @@ pub struct ValidRequest<'a> {
     /// Encoder input per text (EOS appended).
     pub source_ids: Vec<Vec<i64>>,
     pub source_tokens: Vec<usize>,
+    /// What each translation gets back after decoding (masked placeholders, edges).
+    pub restores: Vec<Restore>,
     pub length: LengthRequest,
     /// The request's `no_repeat_ngram_size`, or the server's.
     pub no_repeat_ngram_size: usize,
@@ -491,6 +493,7 @@ impl Infer {
             texts: Vec::new(),
             source_ids: Vec::with_capacity(texts.len()),
             source_tokens: Vec::with_capacity(texts.len()),
+            restores: Vec::with_capacity(texts.len()),
             length: request.length,
             no_repeat_ngram_size,
         };
@@ -501,9 +504,9 @@ impl Infer {
                     "text {i} is empty or only whitespace"
                 )));
             }
-            let ids = model
+            let Prepared { ids, restore } = model
                 .codec
-                .encode(text)
+                .prepare(text)
                 .map_err(|e| ApiError::Internal(format!("tokenizing text {i}: {e}")))?;
             if ids.len() > input_limit {
                 return Err(ApiError::InputTooLong(format!(
@@ -513,6 +516,7 @@ impl Infer {
             }
             valid.source_ids.push(source_ids(&ids, model.eos_id));
             valid.source_tokens.push(ids.len());
+            valid.restores.push(restore);
         }
         valid.texts = texts;
         Ok(valid)
@@ -706,6 +710,7 @@ impl Infer {
                 texts: over.iter().map(|&i| valid.texts[i].clone()).collect(),
                 source_ids: over.iter().map(|&i| valid.source_ids[i].clone()).collect(),
                 source_tokens: over.iter().map(|&i| valid.source_tokens[i]).collect(),
+                restores: over.iter().map(|&i| valid.restores[i].clone()).collect(),
                 length: valid.length,
                 no_repeat_ngram_size: valid.no_repeat_ngram_size,
             };
@@ -799,7 +804,7 @@ impl Infer {
                 let text = valid
                     .model
                     .codec
-                    .decode(&sequence.output.ids)
+                    .finish(&sequence.output.ids, &valid.restores[i])
                     .map_err(|e| ApiError::Internal(format!("detokenizing text {i}: {e}")))?;
                 if sequence.output.stop == StopReason::MaxLength && plan.target.is_none() {
                     tracing::debug!(text = i, "stopped at the length bound without EOS");

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use model_package::placeholders::{self, Span};
 use model_package::{files, special, Manifest, ManifestError};
 use tokenizers::Tokenizer;
 
@@ -112,6 +113,12 @@ pub fn check_tokenizer(manifest: &Manifest, tokenizer: &Tokenizer) -> anyhow::Re
 /// User text never becomes a control token: `</s>` or `<pad>` in a request (HTML
 /// strikethrough, XML, code, logs) is split into ordinary subwords like any other text,
 /// rather than matched as the tokenizer's special tokens.
+///
+/// When the tokenizer has the placeholder sentinels (`model_package::placeholders`: models
+/// trained on the localization catalogs), [`prepare`](Self::prepare) also takes a text's
+/// leading and trailing whitespace off and masks its placeholders, numbers, URLs, e-mail
+/// addresses and markup, and [`finish`](Self::finish) puts them back: they come out exactly
+/// as they went in, whatever the model makes of them.
 #[derive(Clone)]
 pub struct TextCodec {
     tokenizer: std::sync::Arc<Tokenizer>,
@@ -119,6 +126,24 @@ pub struct TextCodec {
     /// `<unk>`, which stands for text the vocabulary lacks).
     control: std::sync::Arc<[u32]>,
     unk: Option<u32>,
+    masks: bool,
+}
+
+/// A text ready for the model, and what its translation needs back.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Subword ids, EOS not included.
+    pub ids: Vec<u32>,
+    pub restore: Restore,
+}
+
+/// What [`TextCodec::finish`] puts back into a translation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Restore {
+    /// `spans[k]` is what sentinel `｟k｠` stands for.
+    pub spans: Vec<Span>,
+    pub leading: String,
+    pub trailing: String,
 }
 
 impl TextCodec {
@@ -132,11 +157,67 @@ impl TextCodec {
             .filter(|(&id, token)| token.special && Some(id) != unk)
             .map(|(&id, _)| id)
             .collect();
+        let masks = placeholders::sentinels()
+            .iter()
+            .all(|s| tokenizer.token_to_id(s).is_some());
         TextCodec {
             unk,
             tokenizer: std::sync::Arc::new(tokenizer),
             control,
+            masks,
         }
+    }
+
+    /// Turns masking off (or on, where the tokenizer has the sentinels): to measure what it
+    /// is worth, or for a client that wants the model's own handling of placeholders.
+    pub fn with_masking(mut self, on: bool) -> Self {
+        self.masks &= on;
+        self
+    }
+
+    /// Whether [`prepare`](Self::prepare) masks placeholders.
+    pub fn masks_placeholders(&self) -> bool {
+        self.masks
+    }
+
+    /// `text` as the model reads it: edges off and placeholders masked when the tokenizer
+    /// has sentinels, then [`encode`](Self::encode).
+    pub fn prepare(&self, text: &str) -> Result<Prepared, String> {
+        if !self.masks {
+            return Ok(Prepared {
+                ids: self.encode(text)?,
+                restore: Restore::default(),
+            });
+        }
+        let core = text.trim();
+        let start = text.len() - text.trim_start().len();
+        let masked = placeholders::mask(core);
+        Ok(Prepared {
+            ids: self.encode(&masked.text)?,
+            restore: Restore {
+                spans: masked.spans,
+                leading: text[..start].to_string(),
+                trailing: text[start + core.len()..].to_string(),
+            },
+        })
+    }
+
+    /// The translation of a [`prepare`](Self::prepare)d text: decoded, its placeholders and
+    /// edges put back. A placeholder the model left out is appended (before final
+    /// punctuation) rather than lost; one it repeated is kept once.
+    pub fn finish(&self, ids: &[u32], restore: &Restore) -> Result<String, String> {
+        let decoded = self.decode(ids)?;
+        if !self.masks {
+            return Ok(decoded);
+        }
+        let unmasked = placeholders::unmask(decoded.trim(), &restore.spans);
+        // The source's core had no edge whitespace: nor does its translation's.
+        Ok(format!(
+            "{}{}{}",
+            restore.leading,
+            unmasked.text.trim(),
+            restore.trailing
+        ))
     }
 
     /// Subword ids of `text`, EOS not included, and never a special token's.
@@ -223,6 +304,61 @@ mod tests {
         let plain = "Jesus wept, and the <b>Lord</b> heard.";
         let trained = tokenizer.encode_fast(plain, false).unwrap();
         assert_eq!(codec.encode(plain).unwrap(), trained.get_ids());
+    }
+
+    /// A word-level tokenizer with the sentinels at ids 4.., as the catalog models have.
+    fn sentinel_tokenizer() -> Tokenizer {
+        let words = "delete files from folders borrar archivos de carpetas";
+        let vocab: serde_json::Map<String, serde_json::Value> = special::TOKENS
+            .iter()
+            .map(|t| t.to_string())
+            .chain(placeholders::sentinels())
+            .chain(words.split_whitespace().map(str::to_string))
+            .enumerate()
+            .map(|(i, t)| (t, i.into()))
+            .collect();
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+        });
+        json.to_string().parse().unwrap()
+    }
+
+    #[test]
+    fn placeholders_and_edges_come_back_as_they_went_in() {
+        let codec = TextCodec::new(sentinel_tokenizer());
+        assert!(codec.masks_placeholders());
+        assert!(!TextCodec::new(tokenizer()).masks_placeholders());
+        let source = "  delete %s files from 3 folders\n";
+        let prepared = codec.prepare(source).unwrap();
+        assert_eq!(
+            prepared.ids,
+            codec
+                .encode("delete ｟0｠ files from ｟1｠ folders")
+                .unwrap()
+        );
+        assert_eq!(prepared.restore.leading, "  ");
+        assert_eq!(prepared.restore.trailing, "\n");
+        let model_output = codec
+            .encode("borrar ｟0｠ archivos de ｟1｠ carpetas")
+            .unwrap();
+        assert_eq!(
+            codec.finish(&model_output, &prepared.restore).unwrap(),
+            "  borrar %s archivos de 3 carpetas\n"
+        );
+        // A placeholder the model dropped is appended, not lost; a repeated one kept once.
+        let dropped = codec.encode("borrar ｟0｠ archivos ｟0｠").unwrap();
+        assert_eq!(
+            codec.finish(&dropped, &prepared.restore).unwrap(),
+            "  borrar %s archivos 3\n"
+        );
+        // Masking off: the text goes to the model as it is.
+        let raw = codec.clone().with_masking(false);
+        assert!(!raw.masks_placeholders());
+        let prepared = raw.prepare("delete ｟0｠ files").unwrap();
+        assert_eq!(prepared.restore, Restore::default());
     }
 
     #[test]

@@ -204,6 +204,12 @@ pub struct Args {
     #[arg(long, env = "NMT_NO_REPEAT_NGRAM_SIZE", default_value_t = crate::logits::DEFAULT_NO_REPEAT_NGRAM_SIZE)]
     pub no_repeat_ngram_size: usize,
 
+    /// Leave placeholders, numbers, URLs and markup to the model instead of masking them
+    /// before it and putting them back after (models whose tokenizer has the sentinels
+    /// `｟0｠`..; others are never masked): to measure what masking is worth.
+    #[arg(long, env = "NMT_NO_PLACEHOLDER_MASKING")]
+    pub no_placeholder_masking: bool,
+
     /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C; then the server
     /// exits anyway.
     #[arg(long, env = "NMT_SHUTDOWN_GRACE", default_value_t = 30.0)]
@@ -422,7 +428,7 @@ fn load_model(
         config: manifest.config.clone(),
         source_language: manifest.source_language.clone(),
         target_language: manifest.target_language.clone(),
-        codec: TextCodec::new(package.tokenizer),
+        codec: TextCodec::new(package.tokenizer).with_masking(!args.no_placeholder_masking),
         translator,
         eos_id: manifest.eos_id,
         max_source_tokens: model_input_limit(manifest),

@@ -10,7 +10,7 @@ use nmt_server::decode::{greedy_decode, DecodeInput, SpecialIds, StopReason};
 use nmt_server::infer::{source_ids, RequestLimits};
 use nmt_server::length::{self, LengthModel, LengthPlan, LengthRequest};
 use nmt_server::onnx::{self, Device, OrtBackend, SessionOptions};
-use nmt_server::package::{ModelPackage, TextCodec};
+use nmt_server::package::{ModelPackage, Prepared, Restore, TextCodec};
 use serde::{Deserialize, Serialize};
 
 /// How one sentence ended.
@@ -137,11 +137,13 @@ impl Engine {
         Ok(self.codec.encode(text).map_err(|e| anyhow!(e))?.len())
     }
 
-    /// The subwords of `text`, or `None` when the server would refuse it.
-    fn admit(&self, text: &str) -> Result<(usize, Option<Vec<u32>>)> {
-        let ids = self.codec.encode(text).map_err(|e| anyhow!(e))?;
-        let admitted = !text.trim().is_empty() && ids.len() <= self.info.input_limit;
-        Ok((ids.len(), admitted.then_some(ids)))
+    /// The subwords of `text` as the server prepares it, or `None` when the server would
+    /// refuse it.
+    fn admit(&self, text: &str) -> Result<(usize, Option<Prepared>)> {
+        let prepared = self.codec.prepare(text).map_err(|e| anyhow!(e))?;
+        let n = prepared.ids.len();
+        let admitted = !text.trim().is_empty() && n <= self.info.input_limit;
+        Ok((n, admitted.then_some(prepared)))
     }
 
     /// Each text's length plan as the server makes it for `lengths[i]` (predictions batched).
@@ -186,9 +188,13 @@ impl Engine {
     ) -> Result<Vec<Translation>> {
         let mut out: Vec<Option<Translation>> = vec![None; texts.len()];
         let mut admitted = Vec::new();
+        let mut restores = vec![Restore::default(); texts.len()];
         for (i, text) in texts.iter().enumerate() {
             match self.admit(text)? {
-                (n, Some(ids)) => admitted.push((i, n, ids)),
+                (n, Some(Prepared { ids, restore })) => {
+                    restores[i] = restore;
+                    admitted.push((i, n, ids));
+                }
                 (n, None) => {
                     out[i] = Some(refused(n));
                     bar.inc(1);
@@ -207,7 +213,7 @@ impl Engine {
         // Longest first: the progress bar's estimate errs on the slow side.
         pending.sort_by_key(|(i, n, ..)| (std::cmp::Reverse(*n), *i));
         for batch in pending.chunks(batch_size.max(1)) {
-            let decoded = self.decode_batch(batch)?;
+            let decoded = self.decode_batch(batch, &restores)?;
             for ((i, ..), translation) in batch.iter().zip(decoded) {
                 out[*i] = Some(translation);
             }
@@ -221,6 +227,7 @@ impl Engine {
     fn decode_batch(
         &mut self,
         batch: &[(usize, usize, Vec<i64>, LengthPlan, LengthRequest)],
+        restores: &[Restore],
     ) -> Result<Vec<Translation>> {
         let mut out = Vec::with_capacity(batch.len());
         let inputs: Vec<DecodeInput> = batch
@@ -228,8 +235,9 @@ impl Engine {
             .map(|(_, n, ids, plan, request)| self.decode_input(ids, *n, plan, request))
             .collect();
         let outputs = greedy_decode(&mut self.backend, self.special, &inputs)?;
-        for ((_, n, ids, plan, request), output) in batch.iter().zip(outputs) {
-            let mut translation = self.translation(*n, plan, output)?;
+        for ((i, n, ids, plan, request), output) in batch.iter().zip(outputs) {
+            let restore = &restores[*i];
+            let mut translation = self.translation(*n, plan, output, restore)?;
             if let Some(max_chars) = request.max_chars {
                 let chars = translation.text.chars().count();
                 if chars > max_chars {
@@ -238,7 +246,7 @@ impl Engine {
                     let input = self.decode_input(ids, *n, &shorter, request);
                     let again = greedy_decode(&mut self.backend, self.special, &[input])?;
                     let retried =
-                        self.translation(*n, &shorter, again.into_iter().next().unwrap())?;
+                        self.translation(*n, &shorter, again.into_iter().next().unwrap(), restore)?;
                     if retried.text.chars().count() < chars {
                         translation = retried;
                     }
@@ -276,8 +284,12 @@ impl Engine {
         source_tokens: usize,
         plan: &LengthPlan,
         output: nmt_server::decode::DecodeOutput,
+        restore: &Restore,
     ) -> Result<Translation> {
-        let text = self.codec.decode(&output.ids).map_err(|e| anyhow!(e))?;
+        let text = self
+            .codec
+            .finish(&output.ids, restore)
+            .map_err(|e| anyhow!(e))?;
         Ok(Translation {
             // One sentence a line in the hypothesis files.
             text: text.replace(['\n', '\r'], " "),

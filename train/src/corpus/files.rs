@@ -14,46 +14,7 @@ pub const SPLITS: [&str; 3] = ["train", "dev", "test"];
 /// The held-out catalog splits, written when the corpus includes the catalogs.
 pub const CATALOG_SPLITS: [&str; 2] = ["l10n-dev", "l10n-test"];
 
-/// One text per line: catalog strings hold newlines and tabs, which must reach the tokenizer
-/// and the model as they are, so lines escape them as gettext's .po files do (`\n`, `\t`,
-/// `\r`, `\\`). Bible verses have none of these characters: their files are unchanged.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// The inverse of [`escape`]; a backslash before any other character is kept as it is.
-pub fn unescape(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('n') => out.push('\n'),
-            Some('t') => out.push('\t'),
-            Some('r') => out.push('\r'),
-            Some('\\') => out.push('\\'),
-            Some(other) => {
-                out.push('\\');
-                out.push(other);
-            }
-            None => out.push('\\'),
-        }
-    }
-    out
-}
+pub use model_package::lines::{escape, unescape};
 
 /// Reads a split ("train", "dev" or "test") written by `nmt-train corpus`: (English, Spanish)
 /// pairs in file order.
@@ -190,16 +151,6 @@ fn write_lines<'a>(path: &Path, lines: impl IntoIterator<Item = &'a str>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escaping_keeps_newlines_tabs_and_backslashes() {
-        for text in ["plain", "a\nb\tc\r", "C:\\dir\\n", "\\", "end\\", "\n\n"] {
-            let line = escape(text);
-            assert!(!line.contains(['\n', '\t', '\r']), "{line:?}");
-            assert_eq!(unescape(&line), text);
-        }
-        assert_eq!(unescape("a\\qb"), "a\\qb", "unknown escapes are kept");
-    }
 
     #[test]
     fn read_parallel_reads_what_is_written() {
