@@ -55,6 +55,10 @@ pub struct ExportArgs {
     /// JSON file with evaluation results to record in the manifest.
     #[arg(long)]
     pub evaluation: Option<PathBuf>,
+    /// What the model was trained on, in words its users read (repeat for each domain):
+    /// written to the manifest's `domains`, shown by `GET /models` and the page.
+    #[arg(long = "domain")]
+    pub domains: Vec<String>,
 }
 
 pub(crate) fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Result<()> {
@@ -130,6 +134,7 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
         files: Default::default(),
         training: serde_json::to_value(&state)?,
         evaluation,
+        domains: args.domains.clone(),
         length_prediction: None,
     };
     manifest.write(

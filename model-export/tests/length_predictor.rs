@@ -245,6 +245,7 @@ fn empty_package(dir: &Path) {
         files: Default::default(),
         training: serde_json::Value::Null,
         evaluation: serde_json::Value::Null,
+        domains: Vec::new(),
         length_prediction: None,
     };
     // Only its hash matters here: a copied predictor must come from the same tokenizer.

@@ -266,6 +266,7 @@ fn check_parity_after(preset: &str, steps: usize) {
         max_source_tokens: None,
         max_target_tokens: 64,
         evaluation: None,
+        domains: Vec::new(),
     })
     .unwrap();
     let manifest = Manifest::load(&package).unwrap();

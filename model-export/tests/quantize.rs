@@ -247,6 +247,7 @@ fn check_int8(preset: &str, steps: usize) {
         max_source_tokens: None,
         max_target_tokens: 64,
         evaluation: None,
+        domains: Vec::new(),
     };
     model_export::export_package(&export).unwrap();
     let int8 = work.path().join("int8");

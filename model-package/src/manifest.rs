@@ -139,6 +139,10 @@ pub struct Manifest {
     pub training: serde_json::Value,
     /// Scores on held-out data, if measured (free-form).
     pub evaluation: serde_json::Value,
+    /// What text the model was trained on, in words its users read (`GET /models` and the
+    /// page show them): a model knows its training domains and little else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub domains: Vec<String>,
     /// How to guess a translation's length before decoding it (what `"auto"` asks for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length_prediction: Option<LengthPrediction>,
@@ -304,6 +308,7 @@ mod tests {
             files: BTreeMap::new(),
             training: serde_json::Value::Null,
             evaluation: serde_json::Value::Null,
+            domains: Vec::new(),
             length_prediction: None,
         }
     }

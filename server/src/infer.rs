@@ -126,6 +126,8 @@ pub struct Model {
     pub length: LengthModel,
     /// The number format of its weights (manifest `precision`).
     pub precision: model_package::Precision,
+    /// What it was trained on (manifest `domains`).
+    pub domains: Vec<String>,
 }
 
 /// One entry of `GET /models`.
@@ -151,6 +153,9 @@ pub struct ModelInfo {
     /// original.
     #[schema(value_type = openapi::PrecisionSchema)]
     pub precision: model_package::Precision,
+    /// What text the model was trained on: it translates these domains well and others
+    /// poorly. Empty when the package does not say.
+    pub domains: Vec<String>,
 }
 
 /// What `target_length` `"auto"` uses.
@@ -405,6 +410,7 @@ impl Infer {
                         PredictionKind::None
                     },
                     precision: m.precision,
+                    domains: m.domains.clone(),
                 }
             })
             .collect()

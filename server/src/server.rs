@@ -435,6 +435,7 @@ fn load_model(
         max_target_tokens: manifest.limits.max_target_tokens,
         length,
         precision: manifest.precision,
+        domains: manifest.domains.clone(),
     })
 }
 

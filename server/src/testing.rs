@@ -237,6 +237,7 @@ pub fn manifest() -> model_package::Manifest {
         files: Default::default(),
         training: serde_json::Value::Null,
         evaluation: serde_json::Value::Null,
+        domains: Vec::new(),
         length_prediction: None,
     }
 }
@@ -311,6 +312,7 @@ pub fn service(
                 max_source_tokens: model.max_source_tokens,
                 max_target_tokens: 64,
                 precision: model_package::Precision::Float32,
+                domains: vec!["test words".into()],
             }
         })
         .collect();

@@ -831,6 +831,10 @@ async fn every_json_answer_has_exactly_the_documented_fields_and_the_required_on
     assert_eq!(json(&models), served);
     check("Models", &served, &served);
     let model = &served["models"][0];
+    assert_eq!(
+        model["domains"][0], "test words",
+        "the manifest's training domains"
+    );
     check("ModelInfo", model, model);
     check("Variant", &model["variant"], &model["variant"]);
     check("ModelLimits", &model["limits"], &model["limits"]);

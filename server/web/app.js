@@ -9,6 +9,7 @@ function describe(model) {
   const facts = [model.variant.preset, model.precision || "float32"];
   facts.push(model.length_aware ? "plans lengths" : "no length encoding");
   facts.push(`inputs up to ${model.limits.max_input_tokens} subwords`);
+  if (model.domains && model.domains.length) facts.push(`trained on ${model.domains.join("; ")}`);
   return facts.join(" · ");
 }
 

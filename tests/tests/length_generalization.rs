@@ -252,6 +252,7 @@ fn train_and_export(work: &Path, preset: &'static str) -> Trained {
         max_source_tokens: None,
         max_target_tokens: 64,
         evaluation: None,
+        domains: Vec::new(),
     })
     .unwrap();
     Trained {
