@@ -95,7 +95,7 @@ def download_source(source: str, version: str, into: Path) -> list[Path]:
             dsc = fetch(f"{base}/{source}_{plain}.dsc")
             if dsc is None:
                 continue
-            names = re.findall(r"^ [0-9a-f]{64} \d+ (\S+\.tar\.\w+)$", dsc.decode(), re.M)
+            names = re.findall(r"^ [0-9a-f]{64} \d+ (\S+\.tar\.\w+)$", dsc.decode(), re.MULTILINE)
             paths = []
             for name in names:
                 data = fetch(f"{base}/{name}")
@@ -127,9 +127,7 @@ def translate(server: str, texts: list[str]) -> list[str]:
     out: list[str] = []
     for start in range(0, len(texts), BATCH):
         body = json.dumps({"text": texts[start : start + BATCH]}).encode()
-        request = urllib.request.Request(
-            f"{server}/translate", data=body, headers={"content-type": "application/json"}
-        )
+        request = urllib.request.Request(f"{server}/translate", data=body, headers={"content-type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as response:
             out.extend(t["text"] for t in json.load(response)["translations"])
     return out
@@ -166,7 +164,7 @@ def rejected_lines(po_path: Path, log: Path) -> set[int]:
     """Lines msgfmt --check-format complains about (each names the entry's msgid line or one
     of its msgstr lines)."""
     result = subprocess.run(
-        ["msgfmt", "--check-format", "-o", "/dev/null", str(po_path)], capture_output=True, text=True
+        ["msgfmt", "--check-format", "-o", "/dev/null", str(po_path)], capture_output=True, text=True, check=False
     )
     log.write_text(result.stderr)
     lines = set()
@@ -180,10 +178,10 @@ def rejected_lines(po_path: Path, log: Path) -> set[int]:
 def entries_hit(po_path: Path, lines: set[int]) -> int:
     """How many entries of the written catalog `lines` fall in (an entry spans from its
     first line to the next entry's)."""
-    starts = sorted(e.linenum for e in polib.pofile(str(po_path)) if e.msgid)
+    starts = sorted(e.linenum for e in polib.pofile(str(po_path)) if e.msgid and e.linenum is not None)
     hit = set()
     for line in lines:
-        before = [s for s in starts if s <= line + 3]
+        before = [s for s in starts if s <= line]
         if before:
             hit.add(before[-1])
     return len(hit)
@@ -195,7 +193,10 @@ def placeholders_kept(reference: list[polib.POEntry], translated: list[polib.POE
     with_any = [(r, t) for r, t in zip(reference, translated) if token.search(r.msgid)]
     if not with_any:
         return 1.0
-    kept = sum(sorted(token.findall(r.msgid)) == sorted(token.findall(t.msgstr or "")) or bool(r.msgid_plural) for r, t in with_any)
+    kept = sum(
+        sorted(token.findall(r.msgid)) == sorted(token.findall(t.msgstr or "")) or bool(r.msgid_plural)
+        for r, t in with_any
+    )
     return kept / len(with_any)
 
 
@@ -240,8 +241,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", default="http://127.0.0.1:8080", help="base URL of a running nmt-server")
     parser.add_argument("--packages", nargs="*", help="packages to check (default: the held-out ones of --pins)")
-    parser.add_argument("--pins", type=Path, default=Path("train/data/debian-catalogs.tsv"), help="the pinned package list")
-    parser.add_argument("--cache", type=Path, default=Path("data/debian-cache"), help="where nmt-train corpus downloaded the .debs")
+    parser.add_argument(
+        "--pins", type=Path, default=Path("train/data/debian-catalogs.tsv"), help="the pinned package list"
+    )
+    parser.add_argument(
+        "--cache", type=Path, default=Path("data/debian-cache"), help="where nmt-train corpus downloaded the .debs"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/catalog-check"), help="output directory")
     parser.add_argument("--limit", type=int, help="only the first N entries of each catalog (quick runs)")
     args = parser.parse_args()

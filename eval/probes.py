@@ -31,9 +31,7 @@ def spans(text: str) -> list[str]:
 
 def translate(server: str, texts: list[str]) -> list[str]:
     body = json.dumps({"text": texts}).encode()
-    request = urllib.request.Request(
-        f"{server}/translate", data=body, headers={"content-type": "application/json"}
-    )
+    request = urllib.request.Request(f"{server}/translate", data=body, headers={"content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as response:
         return [t["text"] for t in json.load(response)["translations"]]
 
@@ -56,7 +54,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", default="http://127.0.0.1:8080", help="base URL of a running nmt-server")
     parser.add_argument(
-        "--probes", type=Path, default=Path(__file__).parent / "probes" / "numbers-urls-dates.txt", help="one sentence a line"
+        "--probes",
+        type=Path,
+        default=Path(__file__).parent / "probes" / "numbers-urls-dates.txt",
+        help="one sentence a line",
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
@@ -67,7 +68,10 @@ def main() -> None:
     lost_spans = sum(len(r["lost"]) for r in rows)
     whole = sum(not r["lost"] for r in rows)
     for r in rows:
-        print(f"{'ok  ' if not r['lost'] else 'LOST'} {r['source']}\n     {r['translation']}" + (f"\n     lost: {r['lost']}" if r["lost"] else ""))
+        print(
+            f"{'ok  ' if not r['lost'] else 'LOST'} {r['source']}\n     {r['translation']}"
+            + (f"\n     lost: {r['lost']}" if r["lost"] else "")
+        )
     summary = {
         "spans": total,
         "spans_preserved": total - lost_spans,

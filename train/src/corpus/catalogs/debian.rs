@@ -115,6 +115,23 @@ fn download(cache: &Path, pin: &Pin) -> Result<PathBuf> {
     )
 }
 
+/// [`download`], with the package index refreshed once if the mirror no longer has what the
+/// index names (Debian replaces a package's file at each point release).
+fn download_refreshing(cache: &Path, pin: &Pin) -> Result<PathBuf> {
+    download(cache, pin).or_else(|first| {
+        let refreshed = Command::new("apt-get")
+            .args(["update", "-qq"])
+            .stdin(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if refreshed {
+            download(cache, pin)
+        } else {
+            Err(first)
+        }
+    })
+}
+
 /// The version in a .deb's file name.
 fn deb_version(deb: &Path) -> String {
     let name = deb.file_name().unwrap_or_default().to_string_lossy();
@@ -156,7 +173,7 @@ pub fn fetch_all(pins: &[Pin], cache: &Path) -> Result<Vec<Unpacked>> {
     let mut out = Vec::with_capacity(pins.len());
     for pin in pins {
         bar.set_message(pin.package.clone());
-        let deb = download(cache, pin)?;
+        let deb = download_refreshing(cache, pin)?;
         let version = deb_version(&deb);
         let root =
             cache
