@@ -453,7 +453,8 @@ fn rel_sinusoidal_vectors() {
 
 #[test]
 fn rel_and_absolute() {
-    check_parity("rel-absolute-tiny");
+    // Two position signals to reconcile: at 100 steps its greedy outputs can all be alike.
+    check_parity_after("rel-absolute-tiny", 150);
 }
 
 #[test]
@@ -483,8 +484,9 @@ fn mpr_head() {
 
 #[test]
 fn rnn_nmt_baseline() {
-    // The LSTMs learn slower: at 100 steps greedy outputs are only 2 distinct of 7.
-    check_parity_after("rnn-nmt-tiny", 150);
+    // The LSTMs learn slower: at 100 steps greedy outputs are only 2 distinct of 7 (and at
+    // 150, with the tokenizer's digits, symbols and sentinels in the vocabulary, all alike).
+    check_parity_after("rnn-nmt-tiny", 250);
 }
 
 #[test]

@@ -298,6 +298,8 @@ pub fn unmask(translation: &str, spans: &[Span]) -> Unmasked {
     let mut used = vec![false; spans.len()];
     let mut text = String::with_capacity(translation.len());
     let mut last = 0;
+    // The span restored last and where its text ends in `text`.
+    let mut previous: Option<(Kind, usize)> = None;
     for m in SENTINEL.find_iter(translation) {
         text.push_str(&translation[last..m.start()]);
         last = m.end();
@@ -305,7 +307,17 @@ pub fn unmask(translation: &str, spans: &[Span]) -> Unmasked {
         match index.filter(|&k| k < spans.len() && !used[k]) {
             Some(k) => {
                 used[k] = true;
+                // Two numbers, URLs or addresses can never touch in a source (they would be
+                // one span): a model that wrote their sentinels side by side lost the space,
+                // and "3166" + "42" must not come out as "316642".
+                let glued = previous.is_some_and(|(kind, end)| {
+                    end == text.len() && is_word_like(kind) && is_word_like(spans[k].kind)
+                });
+                if glued {
+                    text.push(' ');
+                }
                 text.push_str(&spans[k].text);
+                previous = Some((spans[k].kind, text.len()));
             }
             // Dropping `｟40｠` from "a ｟40｠ b" should not leave two spaces.
             None if text.ends_with(' ') && translation[last..].starts_with(' ') => last += 1,
@@ -323,6 +335,11 @@ pub fn unmask(translation: &str, spans: &[Span]) -> Unmasked {
 
 /// Inserts `extra` at the end of `text` but before its final sentence punctuation, so that
 /// "¿Eliminar archivos?" + `%s` reads "¿Eliminar archivos %s?".
+/// Spans that read as words: side by side they need a space between them.
+fn is_word_like(kind: Kind) -> bool {
+    matches!(kind, Kind::Number | Kind::Url | Kind::Email)
+}
+
 fn append(text: &str, extra: &str) -> String {
     let body_end = text.trim_end().len();
     let punct_start = text[..body_end]
@@ -518,6 +535,17 @@ mod tests {
             assert_eq!(unmasked.text, text);
             assert!(unmasked.missing.is_empty(), "{text:?}");
         }
+    }
+
+    #[test]
+    fn numbers_the_model_glued_together_are_spaced() {
+        let masked = mask("Flight 3166 leaves from gate 42 at 06:45 (<b>%s</b>).");
+        let out = unmask(
+            "Vuelo ｟0｠｟1｠ a las ｟2｠ (｟3｠｟4｠｟5｠).",
+            &masked.spans,
+        );
+        assert_eq!(out.text, "Vuelo 3166 42 a las 06:45 (<b>%s</b>).");
+        assert!(out.missing.is_empty());
     }
 
     #[test]
