@@ -96,11 +96,14 @@ def download_source(source: str, version: str, into: Path) -> list[Path]:
             if dsc is None:
                 continue
             names = re.findall(r"^ [0-9a-f]{64} \d+ (\S+\.tar\.\w+)$", dsc.decode(), re.MULTILINE)
+            # A security update's .dsc sits in the security pool, its unchanged .orig in the
+            # main one: look for each file in every pool.
+            bases = [base] + [f"{m}/{p}/{pool_prefix(source)}/{source}" for m in MIRRORS for p in POOL_DIRS]
             paths = []
             for name in names:
-                data = fetch(f"{base}/{name}")
+                data = next((d for b in bases if (d := fetch(f"{b}/{name}")) is not None), None)
                 if data is None:
-                    raise SystemExit(f"{base}/{name}: download failed")
+                    raise SystemExit(f"{name}: not in any pool")
                 path = into / name
                 path.write_bytes(data)
                 paths.append(path)
