@@ -58,7 +58,7 @@ use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, NormalizedString, Normalizer, SplitDelimiterBehavior, Tokenizer};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 /// Byte-fallback pieces at the end of the vocabulary.
 pub const BYTE_PIECES: usize = 256;
@@ -333,15 +333,6 @@ pub fn encode_ids(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
 /// Text back from ids, special tokens skipped.
 pub fn decode_ids(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String> {
     tokenizer.decode(ids, true).map_err(tk_err("decoding"))
-}
-
-/// `text` as the tokenizer's normalizer leaves it: what a round trip gives back.
-pub fn normalize(tokenizer: &Tokenizer, text: &str) -> Result<String> {
-    let mut n = NormalizedString::from(text);
-    if let Some(norm) = tokenizer.get_normalizer() {
-        norm.normalize(&mut n).map_err(tk_err("normalizing"))?;
-    }
-    Ok(n.get().to_string())
 }
 
 /// Result of [`round_trip`].
