@@ -52,5 +52,5 @@ for pull in $PULLS; do
   NMT_LENGTH_PULL=$pull run "aware.subtitle.pull$pull" "$aware" --target-length reference --reference-length-scale 0.8
 done
 
-python3 scripts/length_study.py "$out" "$baseline" "$aware" $PULLS > docs/length-control.md
+python3 -m nmt_tools.studies.length_study "$out" "$baseline" "$aware" $PULLS > docs/length-control.md
 echo "length-study: wrote docs/length-control.md" >&2

@@ -9,7 +9,9 @@
 # are scored from those files. An unfinished model resumes from its last checkpoint while
 # the machine keeps it. An evaluation whose command, translations, test set and scorer are
 # unchanged since it last finished is not run again, so a re-run after one more model
-# rescores only the tables that model is in.
+# rescores only the tables that model is in. The pages' prose, the papers' numbers and the
+# findings' wording are Markdown templates beside the record
+# (docs/experiments/position-study/*.template.md); nmt_tools.studies.position_study fills them in.
 #
 #   scripts/position-study.sh [--quick]
 #
@@ -76,13 +78,11 @@ cargo build --release -q -p nmt-train -p model-export -p nmt-eval
 bin=target/release
 [ -f data/corpus/train.en ] || $bin/nmt-train corpus --out data/corpus
 [ -f data/tokenizer.json ] || $bin/nmt-train tokenizer --corpus data/corpus --vocab-size 8000 --out data/tokenizer.json
-python3 -c "import tokenizers" 2>/dev/null ||
-  python3 -m pip install -q --disable-pip-version-check tokenizers==0.23.3
 mkdir -p "$dir/runs" "$dir/pkg"
 
 # The training data's source-length terciles (subwords, EOS not counted): the bands of the
 # short / middle / long thirds.
-read -r t1 t2 < <(python3 scripts/position_study.py terciles data/tokenizer.json data/corpus/train.en)
+read -r t1 t2 < <(python3 -m nmt_tools.studies.position_study terciles data/tokenizer.json data/corpus/train.en)
 echo "position-study: source terciles $t1 / $t2, short-only cap $cap, $steps steps, $size models" >&2
 
 # One line per run: NAME PRESET EXTRA_TRAIN_FLAGS...
@@ -236,11 +236,11 @@ for m in "${LENGTH_MODELS[@]}"; do aware+=("$m.all"); done
 for from in auto source reference; do
   evaluate "eval-length-$from" 16,32,64 no --ask "$from" "${aware[@]}" --target-length "$from"
 done
-python3 scripts/position_study.py length-encodings "$dir" --record "$record" "${STUDY_LENGTH_DOC:-$(dirname "$doc")/length-encodings.md}" \
+python3 -m nmt_tools.studies.position_study length-encodings "$dir" --record "$record" "${STUDY_LENGTH_DOC:-$(dirname "$doc")/length-encodings.md}" \
   --steps "$steps" --size "$size" --models "${LENGTH_MODELS[@]}"
 
 [ "${STUDY_REPORT_ONLY:-}" = length ] && exit
-python3 scripts/position_study.py report "$dir" "$doc" --record "$record" --cap "$cap" --terciles "$t1" "$t2" \
+python3 -m nmt_tools.studies.position_study report "$dir" "$doc" --record "$record" --cap "$cap" --terciles "$t1" "$t2" \
   --steps "$steps" --size "$size" --models "${MODELS[@]}" --thirds-models "${THIRDS_MODELS[@]}"
 echo "position-study: wrote $doc" >&2
 exit

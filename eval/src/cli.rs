@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use nmt_server::onnx::Device;
+use nmt_engine::length::{LengthMode, TargetLength};
+use nmt_engine::limits::DecodingArgs;
+use nmt_engine::onnx::Device;
 
 use crate::stats::BucketEdges;
 
@@ -80,13 +82,13 @@ pub struct Args {
     #[arg(long)]
     pub beyond_input_limit: bool,
 
-    /// The length each test sentence asks for, as a request's `target_length`: `source`,
-    /// `auto` (the package's predictor or linear fit), or `reference` (the reference's
+    /// The length each test sentence asks for, as a request's `target_length`: a number of
+    /// subwords, `source`, `auto` (the package's predictor or linear fit), or `reference` (the reference's
     /// subword count times `--reference-length-scale`: an oracle, to measure how well a
     /// length is met). Unset: what a request without one gets. With a length ask
     /// (`--target-length` or `--max-chars`) the long-input set is skipped.
-    #[arg(long, value_enum)]
-    pub target_length: Option<TargetLengthArg>,
+    #[arg(long)]
+    pub target_length: Option<EvalTargetLength>,
 
     /// Multiplies the reference length of `--target-length reference` (0.8: a subtitle that
     /// must be shorter than the natural translation).
@@ -96,8 +98,8 @@ pub struct Args {
     /// How the target length is met, as a request's `length_mode`: `soft` (the length
     /// encoding guides a length-aware decoder) or `exact` (EOS masked before it and forced
     /// at it).
-    #[arg(long, value_enum, default_value_t = LengthModeArg::Soft)]
-    pub length_mode: LengthModeArg,
+    #[arg(long, value_enum, default_value_t = LengthMode::Soft)]
+    pub length_mode: LengthMode,
 
     /// At most this many characters per translation, as a request's `max_chars`.
     #[arg(long)]
@@ -143,21 +145,34 @@ pub struct Args {
     /// ONNX Runtime shared library (libonnxruntime.so); `source scripts/env.sh` sets it.
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_dylib_path: Option<PathBuf>,
+
+    /// How sentences are decoded: nmt-server's flags, `NMT_*` variables and defaults, so a
+    /// report scores what the server would answer.
+    #[command(flatten)]
+    pub decoding: DecodingArgs,
 }
 
-/// `--target-length`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum TargetLengthArg {
-    Source,
-    Auto,
+/// `--target-length`: what a request can ask ([`TargetLength`], parsed by its own parser),
+/// or the reference's length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvalTargetLength {
+    Ask(TargetLength),
+    /// The reference's subword count (times `--reference-length-scale`).
     Reference,
 }
 
-/// `--length-mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LengthModeArg {
-    Soft,
-    Exact,
+impl std::str::FromStr for EvalTargetLength {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "reference" => Ok(EvalTargetLength::Reference),
+            other => other
+                .parse()
+                .map(EvalTargetLength::Ask)
+                .map_err(|e| format!("{e}, or `reference`")),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::sacrebleu::{PairedMetric, PairedSystem, Scores, Signatures};
 use crate::stats::{BucketEdges, Counts};
-use nmt_translate::engine::PackageInfo;
+use nmt_engine::PackageInfo;
 
 /// p-values below this count as a significant difference.
 pub const SIGNIFICANCE_LEVEL: f64 = 0.05;
@@ -44,6 +44,9 @@ pub struct Decoding {
     pub runaway_ratio: f64,
     /// `--no-repeat-ngram-size`: no n-gram of this many subwords twice in an output (0: off).
     pub no_repeat_ngram_size: usize,
+    /// Placeholders, numbers, URLs and markup masked before the model (the server's
+    /// default; `--no-placeholder-masking` turns it off).
+    pub placeholder_masking: bool,
     pub beyond_input_limit: bool,
     /// The length every test sentence asked for, as request fields (`None`: none).
     pub length_ask: Option<String>,
@@ -265,7 +268,13 @@ pub fn render_markdown(report: &Report) -> String {
             "; inputs over the input limit decoded anyway"
         } else {
             "; inputs over the input limit are refused, as the server does, and score as empty"
-        },
+        }
+        .to_string()
+            + if report.decoding.placeholder_masking {
+                ""
+            } else {
+                "; placeholders, numbers, URLs and markup left to the model (not masked)"
+            },
         report.sacrebleu.bootstrap_samples,
     );
     let edges = &report.decoding.bucket_edges;
@@ -644,6 +653,7 @@ mod tests {
                 max_length_offset: 10,
                 runaway_ratio: 1.5,
                 no_repeat_ngram_size: 0,
+                placeholder_masking: true,
                 beyond_input_limit: false,
                 length_ask: None,
                 bucket_edges: BucketEdges::default(),

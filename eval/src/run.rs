@@ -10,7 +10,7 @@ use anyhow::{ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{Args, LengthModeArg, TargetLengthArg};
+use crate::cli::{Args, EvalTargetLength};
 use crate::data::{self, ConcatGroup, Parallel};
 use crate::report::{
     self, BucketPaired, BucketRow, Compared, ConcatPaired, ConcatRow, Decoding, PairedEntry,
@@ -19,8 +19,8 @@ use crate::report::{
 use crate::sacrebleu::{self, Job, PairedSystem, Signatures};
 use crate::saved;
 use crate::stats::{self, BucketEdges, Counts};
-use nmt_server::length::{LengthMode, LengthRequest, TargetLength};
-use nmt_translate::engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+use nmt_engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
 
 /// The set to evaluate.
 pub(crate) struct EvalSet {
@@ -130,20 +130,16 @@ fn subwords(engine: &Engine, texts: &[String]) -> Result<Vec<usize>> {
 
 /// Each test sentence's length ask, from `--target-length`, `--length-mode`, `--max-chars`.
 fn length_requests(engine: &Engine, set: &EvalSet, args: &Args) -> Result<Vec<LengthRequest>> {
-    let mode = match args.length_mode {
-        LengthModeArg::Soft => LengthMode::Soft,
-        LengthModeArg::Exact => LengthMode::Exact,
-    };
+    let mode = args.length_mode;
     let references = match args.target_length {
-        Some(TargetLengthArg::Reference) => subwords(engine, &set.data.references)?,
+        Some(EvalTargetLength::Reference) => subwords(engine, &set.data.references)?,
         _ => Vec::new(),
     };
     Ok((0..set.data.len())
         .map(|i| LengthRequest {
             target: args.target_length.map(|t| match t {
-                TargetLengthArg::Source => TargetLength::Source,
-                TargetLengthArg::Auto => TargetLength::Auto,
-                TargetLengthArg::Reference => {
+                EvalTargetLength::Ask(asked) => asked,
+                EvalTargetLength::Reference => {
                     let scaled = references[i] as f64 * args.reference_length_scale;
                     TargetLength::Tokens(
                         (scaled.round().max(1.0) as usize).min(engine.info.max_output_tokens),
@@ -164,7 +160,10 @@ fn decode(engine: &mut Engine, set: &EvalSet, args: &Args) -> Result<Decoded> {
     let bar = progress_bar(set.data.len() + concat_len, &engine.info.name);
     let started = Instant::now();
     let lengths = length_requests(engine, set, args)?;
-    let translations = engine.translate(&set.data.sources, &lengths, args.batch_size, &bar)?;
+    let translations =
+        engine.translate(&set.data.sources, &lengths, args.batch_size, &mut |n| {
+            bar.inc(n as u64)
+        })?;
     let seconds = started.elapsed().as_secs_f64();
     let concat = match &set.concat {
         Some(c) => decode_concat(engine, c, set, &translations, args.batch_size, &bar)?,
@@ -192,7 +191,7 @@ fn decode_concat(
 ) -> Result<Vec<DecodedConcat>> {
     let texts: Vec<String> = concat.groups.iter().map(|g| g.en.clone()).collect();
     let plain = vec![LengthRequest::default(); texts.len()];
-    let joined = engine.translate(&texts, &plain, batch_size, bar)?;
+    let joined = engine.translate(&texts, &plain, batch_size, &mut |n| bar.inc(n as u64))?;
     let verses = verse_translations(engine, concat, set, main, batch_size, bar)?;
     let mut out = Vec::new();
     for n in data::group_sizes(&concat.groups) {
@@ -263,7 +262,7 @@ fn verse_translations(
         &texts,
         &vec![LengthRequest::default(); texts.len()],
         batch_size,
-        bar,
+        &mut |n| bar.inc(n as u64),
     )?) {
         verses[v] = Some(t);
     }
@@ -288,6 +287,9 @@ fn join_verses(indices: &[usize], verses: &[Option<Translation>]) -> Translation
         source_tokens: parts.iter().map(|t| t.source_tokens).sum(),
         output_tokens: parts.iter().map(|t| t.output_tokens).sum(),
         target_length: None,
+        length_source: None,
+        predicted_length: None,
+        length_mode: None,
         truncated: false,
         outcome: if has(Outcome::Refused) {
             Outcome::Refused
@@ -512,11 +514,18 @@ pub fn run(args: &Args) -> Result<()> {
         intra_op_threads: args.intra_op_threads,
         ort_dylib_path: args.ort_dylib_path.clone(),
         beyond_input_limit: args.beyond_input_limit,
+        limits: args.decoding.limits()?,
+        placeholder_masking: !args.decoding.no_placeholder_masking,
     };
     let mut labels: Vec<String> = Vec::new();
     let mut decoded = Vec::new();
     let mut plans = Vec::new();
-    let provenance = saved::provenance(&set, length_ask(args), args.beyond_input_limit);
+    let provenance = saved::provenance(
+        &set,
+        length_ask(args),
+        args.beyond_input_limit,
+        !args.decoding.no_placeholder_masking,
+    );
     for dir in &dirs {
         let d = if saved::is_saved(dir) {
             saved::load(dir, &set, &provenance)?
@@ -607,13 +616,14 @@ fn score(
 }
 
 fn decoding(args: &Args) -> Result<Decoding> {
-    let limits = nmt_translate::engine::server_limits()?;
+    let limits = args.decoding.limits()?;
     Ok(Decoding {
         batch_size: args.batch_size,
         max_length_ratio: limits.max_length_ratio,
         max_length_offset: limits.max_length_offset,
         runaway_ratio: limits.runaway_ratio,
         no_repeat_ngram_size: limits.no_repeat_ngram_size,
+        placeholder_masking: !args.decoding.no_placeholder_masking,
         beyond_input_limit: args.beyond_input_limit,
         length_ask: length_ask(args),
         bucket_edges: args.bucket_edges.clone(),
@@ -624,12 +634,14 @@ fn decoding(args: &Args) -> Result<Decoding> {
 fn length_ask(args: &Args) -> Option<String> {
     let mut fields = Vec::new();
     match args.target_length {
-        Some(TargetLengthArg::Reference) => fields.push(format!(
+        Some(EvalTargetLength::Reference) => fields.push(format!(
             "`target_length` = {} × the reference's subwords",
             args.reference_length_scale
         )),
-        Some(TargetLengthArg::Source) => fields.push("`target_length` \"source\"".into()),
-        Some(TargetLengthArg::Auto) => fields.push("`target_length` \"auto\"".into()),
+        Some(EvalTargetLength::Ask(asked)) => fields.push(format!(
+            "`target_length` {}",
+            serde_json::to_string(&asked).expect("a target length serializes")
+        )),
         None => {}
     }
     if let Some(n) = args.max_chars {
@@ -639,8 +651,8 @@ fn length_ask(args: &Args) -> Option<String> {
         return None;
     }
     let mode = match args.length_mode {
-        LengthModeArg::Soft => "soft",
-        LengthModeArg::Exact => "exact",
+        LengthMode::Soft => "soft",
+        LengthMode::Exact => "exact",
     };
     fields.push(format!("`length_mode` {mode}"));
     Some(fields.join(", "))
@@ -849,6 +861,9 @@ mod tests {
             output_tokens: 1,
             outcome: Outcome::Eos,
             target_length: None,
+            length_source: None,
+            predicted_length: None,
+            length_mode: None,
             truncated: false,
         }
     }

@@ -27,6 +27,13 @@ pub struct Provenance {
     sources_sha256: String,
     length_ask: Option<String>,
     beyond_input_limit: bool,
+    /// Decodings saved before `--no-placeholder-masking` existed were masked.
+    #[serde(default = "masked")]
+    placeholder_masking: bool,
+}
+
+fn masked() -> bool {
+    true
 }
 
 /// The file, as read.
@@ -48,6 +55,7 @@ pub fn provenance(
     set: &EvalSet,
     length_ask: Option<String>,
     beyond_input_limit: bool,
+    placeholder_masking: bool,
 ) -> Provenance {
     let mut hasher = Sha256::new();
     for source in &set.data.sources {
@@ -60,6 +68,7 @@ pub fn provenance(
         sources_sha256: format!("{:x}", hasher.finalize()),
         length_ask,
         beyond_input_limit,
+        placeholder_masking,
     }
 }
 

@@ -4,10 +4,10 @@
 
 use std::collections::HashMap;
 
-use nmt_server::metrics::INPUT_LENGTH_BUCKETS;
+use nmt_engine::limits::INPUT_LENGTH_BUCKETS;
 use serde::Serialize;
 
-use nmt_translate::engine::{Outcome, Translation};
+use nmt_engine::{Outcome, Translation};
 
 /// A word 3-gram seen this many times makes an output "looping": greedy decoding that
 /// repeats itself, the failure that long inputs and missing EOS produce.
@@ -270,7 +270,7 @@ pub fn mean_variance(values: &[f64]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nmt_server::metrics::input_length_bucket;
+    use nmt_engine::limits::input_length_bucket;
 
     fn translation(text: &str, source_tokens: usize, outcome: Outcome) -> Translation {
         Translation {
@@ -279,6 +279,9 @@ mod tests {
             output_tokens: text.split_whitespace().count(),
             outcome,
             target_length: None,
+            length_source: None,
+            predicted_length: None,
+            length_mode: None,
             truncated: false,
         }
     }

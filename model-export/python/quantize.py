@@ -8,8 +8,8 @@ uint8 per tensor when the graph runs. `reduce_range` keeps the weights to 7 bits
 without VNNI multiply uint8 by int8 with an instruction that saturates at 16 bits, and full
 8-bit weights lost a fifth of the tiny test models' teacher-forced agreement with float32 on
 such a CPU (0.77-0.79; the test asks 0.95, which 8-bit weights met on the CPUs of earlier
-runs). A package is quantized once and served on
-whatever CPU a deployment has, so it takes the range every CPU computes exactly. The quantizer leaves a Gemm with transB alone, so the tied
+runs). A package is quantized once and served on whatever CPU a deployment has, so it takes
+the range every CPU computes exactly. The quantizer leaves a Gemm with transB alone, so the tied
 output projection (`logits = x @ E^T`, the embedding table read transposed) is first
 rewritten as a MatMul against its own stored transpose `[d, vocab]`.
 
@@ -20,14 +20,20 @@ Rel-Transformer it halved the package again but cost agreement with float32
 Recurrent layers (GRU, LSTM) stay float32 too: ONNX Runtime quantizes LSTM only into its
 own contrib op and GRU not at all, and the graphs keep to standard ONNX ops.
 
-Prints a JSON report of what was quantized on stdout. `nmt-export quantize` runs this.
+Prints a JSON report of what was quantized on stdout. `nmt-export quantize` runs this: the
+binary carries this file (include_str!) and runs it with `python3 -c`, so it imports nothing
+but the standard library, onnx and onnxruntime. Checked with the tools/ package's ruff and mypy
+rules (tools/check.sh).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
 import tempfile
+from typing import NoReturn
 
 try:
     import numpy as np
@@ -45,26 +51,26 @@ except ImportError as error:
 OP_TYPES = ["MatMul"]
 
 
-def fail(message):
+def fail(message: str) -> NoReturn:
     sys.stderr.write(message + "\n")
     sys.exit(2)
 
 
-def producers(graph):
+def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     return {output: node for node in graph.node for output in node.output}
 
 
-def initializers(graph):
+def initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return {tensor.name: tensor for tensor in graph.initializer}
 
 
-def weight_matmuls(graph):
+def weight_matmuls(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """MatMuls whose B is a stored matrix: what the quantizer turns into MatMulInteger."""
     stored = initializers(graph)
     return [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in stored]
 
 
-def logits_projection(graph, logits):
+def logits_projection(graph: onnx.GraphProto, logits: str) -> onnx.NodeProto | None:
     """The node computing graph output `logits`, past any Identity; None without one."""
     if not any(output.name == logits for output in graph.output):
         return None
@@ -75,7 +81,7 @@ def logits_projection(graph, logits):
     return node
 
 
-def untie_logits(graph, logits):
+def untie_logits(graph: onnx.GraphProto, logits: str) -> bool:
     """Rewrites `Gemm(x, E, transB=1)` as `MatMul(x, E^T)` with E^T stored; returns whether
     the graph had such a projection to rewrite."""
     node = logits_projection(graph, logits)
@@ -108,8 +114,8 @@ def untie_logits(graph, logits):
     return True
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
     parser.add_argument("input")
     parser.add_argument("output")
     parser.add_argument("--logits", default="logits", help="graph output of the vocabulary scores")
@@ -147,7 +153,7 @@ def main():
         if os.path.exists(temporary):
             os.remove(temporary)
 
-    ops = {}
+    ops: dict[str, int] = {}
     for node in quantized.graph.node:
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
     print(
@@ -165,6 +171,7 @@ def main():
             }
         )
     )
+
 
 if __name__ == "__main__":
     main()

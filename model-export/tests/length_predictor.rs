@@ -309,7 +309,7 @@ fn check_copy(package: &Path) {
 }
 
 fn ort_session(path: &Path) -> Session {
-    let env = nmt_server::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
     Session::builder(&env)
         .unwrap()
         .with_intra_threads(1)

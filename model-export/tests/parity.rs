@@ -19,7 +19,7 @@ const LOGIT_TOLERANCE: f32 = 1e-4;
 
 fn ort_session(path: &Path) -> Session {
     // The server's process-wide environment (ONNX Runtime allows one per process).
-    let env = nmt_server::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
     Session::builder(&env)
         .unwrap()
         .with_intra_threads(1)
@@ -168,12 +168,12 @@ fn argmax(xs: &[f32]) -> u32 {
 /// one leaving early) get the logits they get alone, and only models with absolute
 /// positions declare an input limit of their own.
 fn check_serving(package: &Path, manifest: &Manifest, examples: &[Example]) {
-    let env = nmt_server::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
-    let mut backend = nmt_server::onnx::OrtBackend::load(
+    let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut backend = nmt_engine::onnx::OrtBackend::load(
         &env,
         package,
         manifest,
-        &nmt_server::onnx::SessionOptions::default(),
+        &nmt_engine::onnx::SessionOptions::default(),
     )
     .unwrap();
     let ids = |e: &Example| e.source.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
@@ -181,7 +181,7 @@ fn check_serving(package: &Path, manifest: &Manifest, examples: &[Example]) {
     assert!(long.len() > short.len());
     let bos = i64::from(special::BOS);
     let deviation =
-        nmt_server::backend::batching_deviation(&mut backend, &long, &short, [bos, 7, 11, 13, 17])
+        nmt_engine::backend::batching_deviation(&mut backend, &long, &short, [bos, 7, 11, 13, 17])
             .unwrap();
     println!(
         "{}: served in a shared batch: logits within {deviation:e} of alone",

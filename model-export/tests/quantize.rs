@@ -11,9 +11,9 @@ use std::path::Path;
 use model_export::proto::{data_type, ModelProto, NodeProto, TensorProto};
 use model_export::quantize::{export_quantized, quantize_package, Python, QuantizeArgs};
 use model_package::{files, names, special, ExternalFile, Manifest, Precision};
-use nmt_server::backend::Backend;
-use nmt_server::decode::{greedy_decode, DecodeInput, SpecialIds};
-use nmt_server::onnx::{OrtBackend, SessionOptions};
+use nmt_engine::backend::Backend;
+use nmt_engine::decode::{greedy_decode, DecodeInput, SpecialIds};
+use nmt_engine::onnx::{OrtBackend, SessionOptions};
 use nmt_train::train::batch::Example;
 use prost::Message;
 
@@ -147,7 +147,7 @@ fn logits_weight(decoder: &Graph) -> Vec<i64> {
 }
 
 fn backend(package: &Path) -> OrtBackend {
-    let env = nmt_server::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
     let manifest = Manifest::load(package).unwrap();
     OrtBackend::load(&env, package, &manifest, &SessionOptions::default()).unwrap()
 }
@@ -167,7 +167,7 @@ fn teacher_forced_argmax(
     let sources: Vec<Vec<i64>> = examples.iter().map(|e| ids(&e.source)).collect();
     let sources: Vec<&[i64]> = sources.iter().map(Vec::as_slice).collect();
     let encoded = backend.encode(&sources).unwrap();
-    let mut rows = nmt_server::onnx::OrtRows::default();
+    let mut rows = nmt_engine::onnx::OrtRows::default();
     let slots: Vec<usize> = (0..sources.len()).collect();
     backend.place(&mut rows, encoded, &slots).unwrap();
     let lengths: Vec<i64> = examples.iter().map(|e| e.target.len() as i64).collect();
@@ -186,7 +186,7 @@ fn teacher_forced_argmax(
             .unwrap();
         for (row, f) in fed.iter().enumerate() {
             if step <= f.len() {
-                argmax[row].push(nmt_server::logits::argmax_except(logits.row(row), None));
+                argmax[row].push(nmt_engine::logits::argmax_except(logits.row(row), None));
             }
         }
     }
@@ -358,7 +358,7 @@ fn check_int8(preset: &str, steps: usize) {
         .unwrap()
         .source);
     let bos = i64::from(special::BOS);
-    let batching = nmt_server::backend::batching_deviation(
+    let batching = nmt_engine::backend::batching_deviation(
         &mut int8_backend,
         &long,
         &short,

@@ -21,8 +21,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::decode::DecodeInput;
 use crate::scheduler::Batching;
+use nmt_engine::decode::DecodeInput;
 
 /// Throughput assumed before the worker has measured any, in tokens per second: below what
 /// the shipped model does on one CPU core, so that a cold server errs toward refusing (the

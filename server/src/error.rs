@@ -10,6 +10,8 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
 
+use nmt_engine::{EngineError, ValidationError};
+
 use crate::scheduler::TranslateError;
 
 /// Every way a request can fail. Handlers and extractors return this; nothing else builds
@@ -251,6 +253,35 @@ impl From<TranslateError> for ApiError {
                 TranslateError::Backend(_) => ApiError::Internal(err.to_string()),
                 _ => ApiError::Unavailable(err.to_string()),
             },
+        }
+    }
+}
+
+/// The engine's refusals keep the types clients already key on.
+impl From<ValidationError> for ApiError {
+    fn from(err: ValidationError) -> Self {
+        let message = err.to_string();
+        match err {
+            ValidationError::NoTexts | ValidationError::EmptyText { .. } => {
+                ApiError::EmptyText(message)
+            }
+            ValidationError::TooManyTexts { .. } => ApiError::TooManyTexts(message),
+            ValidationError::InputTooLong { .. } => ApiError::InputTooLong(message),
+            ValidationError::TargetLengthOutOfRange { .. }
+            | ValidationError::MaxCharsOutOfRange { .. } => ApiError::InvalidTargetLength(message),
+            ValidationError::NoLengthEncoding { .. } | ValidationError::NoPredictor { .. } => {
+                ApiError::Unsupported(message)
+            }
+            ValidationError::NgramSizeTooLarge { .. } => ApiError::InvalidRequest(message),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(err: EngineError) -> Self {
+        match err {
+            EngineError::Invalid(invalid) => invalid.into(),
+            other => ApiError::Internal(other.to_string()),
         }
     }
 }

@@ -27,8 +27,8 @@ use tracing::Instrument;
 use crate::connections::{self, ConnectionGate};
 use crate::error::ApiError;
 use crate::infer::{Infer, TranslateRequest, TranslateResponse};
-use crate::length::{LengthMode, LengthRequest, LengthSource, TargetLength};
 use crate::request_id::{self, RequestId, RequestIdLayer};
+use nmt_engine::length::{LengthMode, LengthRequest, LengthSource, TargetLength};
 
 /// The types and the server and client generated from `proto/translate.proto`.
 pub mod proto {

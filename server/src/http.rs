@@ -32,8 +32,8 @@ use utoipa::{OpenApi, PartialSchema, ToResponse, ToSchema};
 
 use crate::error::{ApiError, ErrorBody, ErrorType};
 use crate::infer::{Infer, ModelInfo, TranslateRequest, TranslateResponse};
-use crate::length::{LengthMode, LengthRequest, TargetLength};
 use crate::request_id::{self, RequestId, RequestIdLayer};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
 
 /// The request id's header ([`crate::request_id`]).
 pub const REQUEST_ID: HeaderName = HeaderName::from_static(request_id::HEADER);
@@ -263,43 +263,11 @@ impl Texts {
     }
 }
 
-/// `target_length`: a positive integer, `"source"` or `"auto"`.
-struct TargetLengthJson(TargetLength);
+/// The schema of `target_length` ([`TargetLength`], whose serde implementation is the one
+/// parser of it): a positive integer, `"source"` or `"auto"`.
+struct TargetLengthSchema;
 
-const SOURCE_LENGTH: &str = "source";
-const AUTO_LENGTH: &str = "auto";
-
-impl<'de> Deserialize<'de> for TargetLengthJson {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct LengthVisitor;
-        impl Visitor<'_> for LengthVisitor {
-            type Value = TargetLengthJson;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(r#"a number of subword tokens, "source" or "auto""#)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(TargetLengthJson(TargetLength::Tokens(
-                    usize::try_from(v).unwrap_or(usize::MAX),
-                )))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                u64::try_from(v)
-                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
-                    .and_then(|v| self.visit_u64(v))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                match v {
-                    SOURCE_LENGTH => Ok(TargetLengthJson(TargetLength::Source)),
-                    AUTO_LENGTH => Ok(TargetLengthJson(TargetLength::Auto)),
-                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
-                }
-            }
-        }
-        deserializer.deserialize_any(LengthVisitor)
-    }
-}
-
-impl PartialSchema for TargetLengthJson {
+impl PartialSchema for TargetLengthSchema {
     fn schema() -> RefOr<Schema> {
         // serde takes 0 too, which validation refuses as `invalid_target_length`.
         OneOfBuilder::new()
@@ -311,13 +279,13 @@ impl PartialSchema for TargetLengthJson {
             .item(
                 ObjectBuilder::new()
                     .schema_type(Type::String)
-                    .enum_values(Some([SOURCE_LENGTH, AUTO_LENGTH])),
+                    .enum_values(Some([TargetLength::SOURCE, TargetLength::AUTO])),
             )
             .into()
     }
 }
 
-impl ToSchema for TargetLengthJson {
+impl ToSchema for TargetLengthSchema {
     fn name() -> std::borrow::Cow<'static, str> {
         "TargetLength".into()
     }
@@ -343,12 +311,13 @@ struct TranslateFields {
     /// /models`, `length_aware`) asked for none uses `"auto"`. Models without a length
     /// encoding accept a target only with `length_mode` `"exact"`.
     #[serde(default)]
-    target_length: Option<TargetLengthJson>,
+    #[schema(value_type = Option<TargetLengthSchema>)]
+    target_length: Option<TargetLength>,
     /// `soft`: the decoder's length encoding plans a sentence of the target length, which may
     /// end a little early or late (length-aware models only; 422 `unsupported` otherwise).
     /// `exact`: end-of-sentence is masked before the target and forced at it, on any model.
     #[serde(default)]
-    #[schema(default = LengthMode::default)]
+    #[schema(value_type = Option<crate::openapi::LengthModeSchema>, default = "soft")]
     length_mode: Option<LengthMode>,
     /// At most this many characters per translation: mapped to subwords with the model's
     /// characters per subword (the natural length is kept when shorter), checked after
@@ -386,7 +355,7 @@ impl<'de> Deserialize<'de> for TranslateBody {
                     texts: fields.text.into_vec(),
                     model: fields.model,
                     length: LengthRequest {
-                        target: fields.target_length.map(|t| t.0),
+                        target: fields.target_length,
                         mode: fields.length_mode.unwrap_or_default(),
                         max_chars: fields.max_chars,
                     },

@@ -9,49 +9,22 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use nmt_engine::decode::StopReason;
+use nmt_engine::length::{LengthMode, LengthRequest, LengthSource};
+use nmt_engine::limits::LimitSource;
+use nmt_engine::pipeline::{Pipeline, Prediction, ValidText, PREDICTION_CHUNK};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 use utoipa::ToSchema;
 
-use crate::decode::{DecodeInput, StopReason};
+pub use nmt_engine::limits::RequestLimits;
+
 use crate::error::ApiError;
-use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
-use crate::logits::MAX_NO_REPEAT_NGRAM_SIZE;
 use crate::metrics::{input_length_bucket, Metrics};
 use crate::openapi;
-use crate::package::{Prepared, Restore, TextCodec};
 use crate::scheduler::{Finished, Translator};
-
-/// Limits every request is checked against.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RequestLimits {
-    /// Texts in one request.
-    pub max_texts_per_request: usize,
-    /// Subword tokens in one text (EOS not counted).
-    pub max_input_tokens: usize,
-    /// Subword tokens generated for one text (EOS not counted).
-    pub max_output_tokens: usize,
-    /// Size of a request body (HTTP) or message (gRPC).
-    pub max_body_bytes: usize,
-    /// Without a target length, a text stops after `ratio * source_tokens + offset` tokens.
-    pub max_length_ratio: f64,
-    pub max_length_offset: usize,
-    /// Soft length mode's pull of EOS toward the target length, in logits per subword of
-    /// distance beyond ±1 ([`crate::logits::EosRule::Pull`]); 0 leaves the ending to the
-    /// length encoding alone.
-    pub length_pull: f32,
-    /// Soft mode toward a predicted length: a translation that runs past this many times the
-    /// prediction (plus [`crate::length::RUNAWAY_SLACK`]) has its end pulled
-    /// ([`crate::logits::EosRule::PullAfter`]); 0 never.
-    pub runaway_ratio: f64,
-    /// No n-gram of this many subwords is generated twice, unless a request says otherwise
-    /// (0: off).
-    pub no_repeat_ngram_size: usize,
-    /// From arrival to answer; longer gives 504 and the request leaves the batch.
-    pub request_timeout: Duration,
-}
 
 /// A translation request as every transport delivers it.
 #[derive(Clone, Debug, PartialEq)]
@@ -81,7 +54,7 @@ pub struct Translation {
     pub target_length: Option<usize>,
     /// Where `target_length` came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[schema(nullable = false, value_type = Option<openapi::LengthSourceSchema>)]
     pub length_source: Option<LengthSource>,
     /// The predicted natural length (subwords, unrounded), when a prediction was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,13 +62,28 @@ pub struct Translation {
     pub predicted_length: Option<f64>,
     /// How `target_length` was met; absent for free decoding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[schema(nullable = false, value_type = Option<openapi::LengthModeSchema>)]
     pub length_mode: Option<LengthMode>,
     /// The translation was longer than `max_chars` and was cut at the last word boundary that
     /// fits.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schema(default = false)]
     pub truncated: bool,
+}
+
+impl From<nmt_engine::Translation> for Translation {
+    fn from(t: nmt_engine::Translation) -> Self {
+        Translation {
+            text: t.text,
+            source_tokens: t.source_tokens,
+            output_tokens: t.output_tokens,
+            target_length: t.target_length,
+            length_source: t.length_source,
+            predicted_length: t.predicted_length,
+            length_mode: t.length_mode,
+            truncated: t.truncated,
+        }
+    }
 }
 
 /// The answer to `POST /translate`.
@@ -107,27 +95,25 @@ pub struct TranslateResponse {
     pub translations: Vec<Translation>,
 }
 
-/// One served model: its tokenizer, its worker and its limits.
+/// One served model: the engine's pipeline for it, its worker, and what `/models` says.
 pub struct Model {
-    pub name: String,
+    /// Validation, length planning and detokenizing, as every driver of the engine does them.
+    pub pipeline: Pipeline,
+    pub translator: Translator,
     /// The model's architecture and position switches (the manifest's `config`).
     pub config: model_package::ModelConfig,
     pub source_language: String,
     pub target_language: String,
-    pub codec: TextCodec,
-    pub translator: Translator,
-    pub eos_id: u32,
-    /// The model's own input bound (absolute positions), EOS not counted; `None` when it has
-    /// none beyond the request limits.
-    pub max_source_tokens: Option<usize>,
-    /// The model's own output bound (manifest `limits.max_target_tokens`).
-    pub max_target_tokens: usize,
-    /// Whether its decoder plans a length, and how it predicts one.
-    pub length: LengthModel,
     /// The number format of its weights (manifest `precision`).
     pub precision: model_package::Precision,
     /// What it was trained on (manifest `domains`).
     pub domains: Vec<String>,
+}
+
+impl Model {
+    pub fn name(&self) -> &str {
+        &self.pipeline.name
+    }
 }
 
 /// One entry of `GET /models`.
@@ -194,79 +180,29 @@ pub struct ModelLimits {
     pub max_input_tokens: usize,
     /// Whether that limit is the model's own (`model`: it has absolute positions and declares
     /// the longest input it can take) or the server's (`--max-input-tokens`).
+    #[schema(value_type = openapi::LimitSourceSchema)]
     pub input_limit_from: LimitSource,
     /// Most subword tokens generated per text.
     pub max_output_tokens: usize,
 }
 
-/// Whose limit `max_input_tokens` is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum LimitSource {
-    Model,
-    Server,
-}
-
-impl Model {
-    /// The input limit that applies, and where it comes from.
-    fn input_limit(&self, limits: &RequestLimits) -> (usize, LimitSource) {
-        limits.input_limit(self.max_source_tokens)
-    }
-}
-
-// The rules that turn a text into decoder input, public so that offline tools (`nmt-eval`)
-// decode exactly as a request is decoded here.
-impl RequestLimits {
-    /// The input limit for a model whose own bound is `model_max` (EOS not counted; `None`
-    /// when it has none), and where it comes from.
-    pub fn input_limit(&self, model_max: Option<usize>) -> (usize, LimitSource) {
-        match model_max {
-            Some(m) if m < self.max_input_tokens => (m, LimitSource::Model),
-            _ => (self.max_input_tokens, LimitSource::Server),
-        }
-    }
-
-    /// Most tokens generated per text for a model whose own bound is `model_max`.
-    pub fn max_output(&self, model_max: usize) -> usize {
-        self.max_output_tokens.min(model_max)
-    }
-
-    /// The output budget of a text of `source_tokens` subwords decoded without a target
-    /// length: `ratio * source_tokens + offset`, within `1..=max_output`.
-    pub fn output_budget(&self, source_tokens: usize, max_output: usize) -> usize {
-        let bound =
-            (self.max_length_ratio * source_tokens as f64).ceil() as usize + self.max_length_offset;
-        bound.clamp(1, max_output)
-    }
-}
-
-/// The encoder input of a text's subword `ids`: EOS appended, as the model was trained.
-pub fn source_ids(ids: &[u32], eos_id: u32) -> Vec<i64> {
-    ids.iter()
-        .map(|&id| i64::from(id))
-        .chain([i64::from(eos_id)])
-        .collect()
-}
-
-/// A request that passed every check; each text's length is planned after (a prediction
-/// may be needed, which runs off the async runtime).
+/// A request that passed every check: its model and its texts, each planned before it is
+/// decoded (a prediction may be needed, which runs off the async runtime).
 pub struct ValidRequest<'a> {
     pub model: &'a Model,
-    pub texts: Vec<String>,
-    /// Encoder input per text (EOS appended).
-    pub source_ids: Vec<Vec<i64>>,
-    pub source_tokens: Vec<usize>,
-    /// What each translation gets back after decoding (masked placeholders, edges).
-    pub restores: Vec<Restore>,
-    pub length: LengthRequest,
-    /// The request's `no_repeat_ngram_size`, or the server's.
-    pub no_repeat_ngram_size: usize,
+    pub texts: Vec<ValidText>,
 }
 
 impl ValidRequest<'_> {
     /// The label of the longest text: a request is as slow as its longest text.
     fn input_length_bucket(&self) -> &'static str {
-        input_length_bucket(self.source_tokens.iter().copied().max().unwrap_or(0))
+        input_length_bucket(
+            self.texts
+                .iter()
+                .map(|t| t.source_tokens)
+                .max()
+                .unwrap_or(0),
+        )
     }
 }
 
@@ -306,11 +242,6 @@ impl Drop for InFlight<'_> {
 /// echoing a large body back to its sender.
 const QUOTED_NAME_CHARS: usize = 64;
 
-/// Texts of one request predicted in one turn at the length predictor (see
-/// [`Infer::predict_chunk`]): small enough that others' turns come between a large request's
-/// chunks, large enough that BERT still runs batched.
-const PREDICTION_CHUNK: usize = 8;
-
 /// `name` in backquotes, cut to [`QUOTED_NAME_CHARS`] with its length in bytes when longer.
 fn quoted_name(name: &str) -> String {
     if name.chars().count() <= QUOTED_NAME_CHARS {
@@ -328,8 +259,14 @@ impl Infer {
         limits: RequestLimits,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let models: BTreeMap<String, Model> =
-            models.into_iter().map(|m| (m.name.clone(), m)).collect();
+        // One set of limits for the whole service: each model's pipeline checks against it.
+        let models: BTreeMap<String, Model> = models
+            .into_iter()
+            .map(|mut m| {
+                m.pipeline.limits = limits.clone();
+                (m.name().to_string(), m)
+            })
+            .collect();
         if !models.contains_key(default_model) {
             anyhow::bail!(
                 "the default model `{default_model}` is not among the loaded models {:?}",
@@ -376,16 +313,16 @@ impl Infer {
 
     /// What `GET /models` lists: every model, its variant and the limits its requests meet.
     pub fn model_infos(&self) -> Vec<ModelInfo> {
-        let limits = &self.inner.limits;
         self.inner
             .models
             .values()
             .map(|m| {
-                let (max_input_tokens, input_limit_from) = m.input_limit(limits);
+                let (max_input_tokens, input_limit_from) = m.pipeline.input_limit();
                 let c = &m.config;
+                let length = &m.pipeline.length;
                 ModelInfo {
-                    name: m.name.clone(),
-                    default: m.name == self.inner.default_model,
+                    name: m.name().to_string(),
+                    default: m.name() == self.inner.default_model,
                     source_language: m.source_language.clone(),
                     target_language: m.target_language.clone(),
                     variant: Variant {
@@ -399,12 +336,12 @@ impl Infer {
                     limits: ModelLimits {
                         max_input_tokens,
                         input_limit_from,
-                        max_output_tokens: limits.max_output(m.max_target_tokens),
+                        max_output_tokens: m.pipeline.max_output(),
                     },
-                    length_aware: m.length.length_aware,
-                    length_prediction: if m.length.predictor.is_some() {
+                    length_aware: length.length_aware,
+                    length_prediction: if length.predictor.is_some() {
                         PredictionKind::Predictor
-                    } else if m.length.linear_fit.is_some() {
+                    } else if length.linear_fit.is_some() {
                         PredictionKind::LinearFit
                     } else {
                         PredictionKind::None
@@ -463,69 +400,12 @@ impl Infer {
                     .join(", ")
             ))
         })?;
-        let limits = &self.inner.limits;
-        let texts = request.texts;
-        if texts.is_empty() {
-            return Err(ApiError::EmptyText("`text` is an empty list".into()));
-        }
-        if texts.len() > limits.max_texts_per_request {
-            return Err(ApiError::TooManyTexts(format!(
-                "{} texts in one request; the limit is {} (--max-texts-per-request)",
-                texts.len(),
-                limits.max_texts_per_request
-            )));
-        }
-        let max_output = limits.max_output(model.max_target_tokens);
-        model
-            .length
-            .check(&request.length, &model.name, max_output)?;
-        let no_repeat_ngram_size = match request.no_repeat_ngram_size {
-            Some(n) if n > MAX_NO_REPEAT_NGRAM_SIZE => {
-                return Err(ApiError::InvalidRequest(format!(
-                    "no_repeat_ngram_size is {n}; it must be from 0 (off) to \
-                     {MAX_NO_REPEAT_NGRAM_SIZE}"
-                )))
-            }
-            Some(n) => n,
-            None => limits.no_repeat_ngram_size,
-        };
-        let (input_limit, source) = model.input_limit(limits);
-        let limit_name = match source {
-            LimitSource::Model => format!("the longest input model `{}` can take", model.name),
-            LimitSource::Server => "--max-input-tokens".to_string(),
-        };
-        let mut valid = ValidRequest {
-            model,
-            texts: Vec::new(),
-            source_ids: Vec::with_capacity(texts.len()),
-            source_tokens: Vec::with_capacity(texts.len()),
-            restores: Vec::with_capacity(texts.len()),
-            length: request.length,
-            no_repeat_ngram_size,
-        };
-        let _span = tracing::info_span!("tokenize", texts = texts.len()).entered();
-        for (i, text) in texts.iter().enumerate() {
-            if text.trim().is_empty() {
-                return Err(ApiError::EmptyText(format!(
-                    "text {i} is empty or only whitespace"
-                )));
-            }
-            let Prepared { ids, restore } = model
-                .codec
-                .prepare(text)
-                .map_err(|e| ApiError::Internal(format!("tokenizing text {i}: {e}")))?;
-            if ids.len() > input_limit {
-                return Err(ApiError::InputTooLong(format!(
-                    "text {i} has {} subword tokens; the limit is {input_limit} ({limit_name})",
-                    ids.len()
-                )));
-            }
-            valid.source_ids.push(source_ids(&ids, model.eos_id));
-            valid.source_tokens.push(ids.len());
-            valid.restores.push(restore);
-        }
-        valid.texts = texts;
-        Ok(valid)
+        let _span = tracing::info_span!("tokenize", texts = request.texts.len()).entered();
+        let texts =
+            model
+                .pipeline
+                .validate(request.texts, request.length, request.no_repeat_ngram_size)?;
+        Ok(ValidRequest { model, texts })
     }
 
     /// Validates, queues and decodes `request`, within the request timeout.
@@ -545,26 +425,30 @@ impl Infer {
     async fn run(&self, request: TranslateRequest) -> Result<TranslateResponse, ApiError> {
         let arrived = Instant::now();
         let timeout = self.inner.limits.request_timeout;
-        let valid = self.validate(request)?;
+        let mut valid = self.validate(request)?;
         let model = valid.model;
         let bucket = valid.input_length_bucket();
         let metrics = &self.inner.metrics;
-        let labels = [model.name.as_str(), bucket];
-        for &n in &valid.source_tokens {
+        let labels = [model.name(), bucket];
+        for text in &valid.texts {
             metrics
                 .input_length
-                .with_label_values(&[&model.name])
-                .observe(n as f64);
+                .with_label_values(&[model.name()])
+                .observe(text.source_tokens as f64);
         }
         let work = async {
-            let plans = self.plan_lengths(&valid).await?;
-            let finished = self.decode(&valid, &plans).await?;
-            self.record(&valid, bucket, &finished, &plans);
+            self.plan_lengths(&mut valid).await?;
+            let finished = self.decode(model, &valid.texts).await?;
+            self.record(&valid, bucket, &finished);
             let span = tracing::info_span!("detokenize");
-            let response = async { self.respond(&valid, &plans, finished) }
+            let translations = async { self.respond(model, &valid.texts, finished) }
                 .instrument(span)
                 .await?;
-            self.fit_chars(&valid, plans, response).await
+            let translations = self.fit_chars(&valid, translations).await?;
+            Ok(TranslateResponse {
+                model: model.name().to_string(),
+                translations: translations.into_iter().map(Translation::from).collect(),
+            })
         };
         let result =
             match tokio::time::timeout(timeout.saturating_sub(arrived.elapsed()), work).await {
@@ -585,38 +469,29 @@ impl Infer {
         result
     }
 
-    /// Each text's length plan, with predictions where the request needs them.
-    async fn plan_lengths(&self, valid: &ValidRequest<'_>) -> Result<Vec<LengthPlan>, ApiError> {
+    /// Plans each text's length, with predictions where the request needs them.
+    async fn plan_lengths(&self, valid: &mut ValidRequest<'_>) -> Result<(), ApiError> {
         let model = valid.model;
-        let max_output = self.inner.limits.max_output(model.max_target_tokens);
-        let plan = |predicted: Vec<Option<(f64, LengthSource)>>| -> Vec<LengthPlan> {
-            valid
-                .source_tokens
-                .iter()
-                .zip(predicted)
-                .map(|(&n, p)| length::plan(&valid.length, &model.length, n, p, max_output))
-                .collect()
-        };
-        let predicted = if length::needs_prediction(&valid.length, &model.length) {
+        let pipeline = &model.pipeline;
+        let predicted = if valid.texts.iter().any(|t| pipeline.needs_prediction(t)) {
             // A request the door would refuse anyway is refused before the predictor spends a
             // turn on it: under overload, predictions for refused requests took the CPU the
             // model needed. The linear fit's plans stand in for the predicted ones.
-            let fitted = plan(model.length.fit(&valid.source_tokens));
-            model
-                .translator
-                .check(&self.decode_inputs(valid, &fitted))?;
+            let stand_in: Vec<_> = valid
+                .texts
+                .iter()
+                .zip(pipeline.fit(&valid.texts))
+                .map(|(t, fit)| pipeline.decode_input_for(t, &pipeline.plan(t, fit)))
+                .collect();
+            model.translator.check(&stand_in)?;
             let span = tracing::info_span!("predict_length", texts = valid.texts.len());
             let mut predicted = Vec::with_capacity(valid.texts.len());
             // A turn per chunk, not per request: the turns are first come, first served, so a
             // request of many texts lets the requests that came meanwhile predict between its
             // chunks instead of waiting for all of it.
-            for (texts, tokens) in valid
-                .texts
-                .chunks(PREDICTION_CHUNK)
-                .zip(valid.source_tokens.chunks(PREDICTION_CHUNK))
-            {
+            for chunk in valid.texts.chunks(PREDICTION_CHUNK) {
                 predicted.extend(
-                    self.predict_chunk(model, texts.to_vec(), tokens.to_vec())
+                    self.predict_chunk(model, chunk.to_vec())
                         .instrument(span.clone())
                         .await?,
                 );
@@ -625,7 +500,8 @@ impl Infer {
         } else {
             vec![None; valid.texts.len()]
         };
-        Ok(plan(predicted))
+        pipeline.set_plans(&mut valid.texts, predicted);
+        Ok(())
     }
 
     /// The predicted lengths of some of a request's texts, after waiting for a turn at the
@@ -633,66 +509,38 @@ impl Infer {
     async fn predict_chunk(
         &self,
         model: &Model,
-        texts: Vec<String>,
-        tokens: Vec<usize>,
-    ) -> Result<Vec<Option<(f64, LengthSource)>>, ApiError> {
+        texts: Vec<ValidText>,
+    ) -> Result<Vec<Prediction>, ApiError> {
         // Held by the blocking task, so the next turn comes when this prediction is done even
         // if this request has left by then.
-        let turn = match &model.length.predictor {
+        let turn = match &model.pipeline.length.predictor {
             Some(predictor) => match predictor.turn_unless_busy().await {
                 Some(turn) => Some(turn),
                 None => {
                     tracing::debug!("the length predictor is busy: linear fit");
-                    return Ok(model.length.fit(&tokens));
+                    return Ok(model.pipeline.fit(&texts));
                 }
             },
             None => None,
         };
         // The predictor is a neural network: keep it off the async runtime's threads.
-        let (infer, name) = (self.clone(), model.name.clone());
+        let (infer, name) = (self.clone(), model.name().to_string());
         tokio::task::spawn_blocking(move || {
             let _turn = turn;
-            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-            infer.inner.models[&name].length.predict(&texts, &tokens)
+            infer.inner.models[&name].pipeline.predict(&texts)
         })
         .await
         .map_err(|e| ApiError::Internal(format!("the length predictor task failed: {e}")))?
-        .map_err(|e| ApiError::Internal(format!("predicting lengths: {e:#}")))
+        .map_err(ApiError::from)
     }
 
-    /// Queues the texts under `plans` and waits for the model.
-    async fn decode(
-        &self,
-        valid: &ValidRequest<'_>,
-        plans: &[LengthPlan],
-    ) -> Result<Finished, ApiError> {
-        let inputs = self.decode_inputs(valid, plans);
-        Ok(valid.model.translator.translate(inputs).await?)
-    }
-
-    /// What the model's queue takes: each text's source under its plan.
-    fn decode_inputs(&self, valid: &ValidRequest<'_>, plans: &[LengthPlan]) -> Vec<DecodeInput> {
-        let model = valid.model;
-        let limits = &self.inner.limits;
-        let max_output = limits.max_output(model.max_target_tokens);
-        valid
-            .source_ids
+    /// Queues `texts` under their plans and waits for the model.
+    async fn decode(&self, model: &Model, texts: &[ValidText]) -> Result<Finished, ApiError> {
+        let inputs = texts
             .iter()
-            .zip(&valid.source_tokens)
-            .zip(plans)
-            .map(|((ids, &tokens), plan)| DecodeInput {
-                no_repeat_ngram_size: valid.no_repeat_ngram_size,
-                ..length::decode_input(
-                    ids.clone(),
-                    tokens,
-                    plan,
-                    valid.length.mode,
-                    model.length.length_aware,
-                    limits,
-                    max_output,
-                )
-            })
-            .collect()
+            .map(|t| model.pipeline.decode_input(t))
+            .collect();
+        Ok(model.translator.translate(inputs).await?)
     }
 
     /// Meets `max_chars`: texts over it are decoded once more for proportionally fewer
@@ -700,66 +548,32 @@ impl Infer {
     async fn fit_chars(
         &self,
         valid: &ValidRequest<'_>,
-        plans: Vec<LengthPlan>,
-        mut response: TranslateResponse,
-    ) -> Result<TranslateResponse, ApiError> {
-        let Some(max_chars) = valid.length.max_chars else {
-            return Ok(response);
-        };
-        let chars = |t: &Translation| t.text.chars().count();
-        let over: Vec<usize> = (0..response.translations.len())
-            .filter(|&i| chars(&response.translations[i]) > max_chars)
-            .collect();
-        if !over.is_empty() {
-            let retry = ValidRequest {
-                model: valid.model,
-                texts: over.iter().map(|&i| valid.texts[i].clone()).collect(),
-                source_ids: over.iter().map(|&i| valid.source_ids[i].clone()).collect(),
-                source_tokens: over.iter().map(|&i| valid.source_tokens[i]).collect(),
-                restores: over.iter().map(|&i| valid.restores[i].clone()).collect(),
-                length: valid.length,
-                no_repeat_ngram_size: valid.no_repeat_ngram_size,
-            };
-            let retry_plans: Vec<LengthPlan> = over
-                .iter()
-                .map(|&i| {
-                    let t = &response.translations[i];
-                    length::shorter_plan(&plans[i], t.output_tokens, chars(t), max_chars)
-                })
-                .collect();
-            let finished = self.decode(&retry, &retry_plans).await?;
-            let retried = self.respond(&retry, &retry_plans, finished)?;
-            for (&i, t) in over.iter().zip(retried.translations) {
-                if chars(&t) < chars(&response.translations[i]) {
-                    response.translations[i] = t;
-                }
+        mut translations: Vec<nmt_engine::Translation>,
+    ) -> Result<Vec<nmt_engine::Translation>, ApiError> {
+        let pipeline = &valid.model.pipeline;
+        let (over, retries): (Vec<usize>, Vec<ValidText>) = valid
+            .texts
+            .iter()
+            .zip(&translations)
+            .enumerate()
+            .filter_map(|(i, (t, tr))| pipeline.chars_retry(t, tr).map(|r| (i, r)))
+            .unzip();
+        let mut retried: Vec<Option<nmt_engine::Translation>> = vec![None; translations.len()];
+        if !retries.is_empty() {
+            let finished = self.decode(valid.model, &retries).await?;
+            for ((&i, text), sequence) in over.iter().zip(&retries).zip(&finished.sequences) {
+                retried[i] = Some(pipeline.translation(i, text, &sequence.output)?);
             }
         }
-        for (i, t) in response.translations.iter_mut().enumerate() {
-            if let Some(cut) = length::cut_to_chars(&t.text, max_chars) {
-                // The client is told the length of what it gets, not of what was decoded.
-                t.output_tokens = valid
-                    .model
-                    .codec
-                    .encode(&cut)
-                    .map_err(|e| ApiError::Internal(format!("tokenizing the cut text {i}: {e}")))?
-                    .len();
-                t.text = cut;
-                t.truncated = true;
-            }
+        for (i, (text, translation)) in valid.texts.iter().zip(&mut translations).enumerate() {
+            pipeline.fit_chars(i, text, translation, retried[i].take())?;
         }
-        Ok(response)
+        Ok(translations)
     }
 
-    fn record(
-        &self,
-        valid: &ValidRequest<'_>,
-        bucket: &str,
-        finished: &Finished,
-        plans: &[LengthPlan],
-    ) {
+    fn record(&self, valid: &ValidRequest<'_>, bucket: &str, finished: &Finished) {
         let metrics = &self.inner.metrics;
-        let name = valid.model.name.as_str();
+        let name = valid.model.name();
         metrics
             .queue_duration
             .with_label_values(&[name, bucket])
@@ -768,12 +582,7 @@ impl Infer {
             .inference_duration
             .with_label_values(&[name, bucket])
             .observe(finished.inference_time.as_secs_f64());
-        for ((sequence, &source), plan) in finished
-            .sequences
-            .iter()
-            .zip(&valid.source_tokens)
-            .zip(plans)
-        {
+        for (sequence, text) in finished.sequences.iter().zip(&valid.texts) {
             let produced = sequence.output.ids.len();
             metrics
                 .output_length
@@ -782,10 +591,10 @@ impl Infer {
             if produced > 0 {
                 metrics
                     .time_per_output_token
-                    .with_label_values(&[name, input_length_bucket(source)])
+                    .with_label_values(&[name, input_length_bucket(text.source_tokens)])
                     .observe(sequence.decode_time.as_secs_f64() / produced as f64);
             }
-            if let Some(asked) = plan.target {
+            if let Some(asked) = text.plan.target {
                 metrics
                     .length_deviation
                     .with_label_values(&[name])
@@ -794,49 +603,33 @@ impl Infer {
         }
     }
 
+    /// Each text's translation from what the model produced.
     fn respond(
         &self,
-        valid: &ValidRequest<'_>,
-        plans: &[LengthPlan],
+        model: &Model,
+        texts: &[ValidText],
         finished: Finished,
-    ) -> Result<TranslateResponse, ApiError> {
-        let translations = finished
+    ) -> Result<Vec<nmt_engine::Translation>, ApiError> {
+        finished
             .sequences
-            .into_iter()
-            .zip(&valid.source_tokens)
-            .zip(plans)
+            .iter()
+            .zip(texts)
             .enumerate()
-            .map(|(i, ((sequence, &source_tokens), plan))| {
-                let text = valid
-                    .model
-                    .codec
-                    .finish(&sequence.output.ids, &valid.restores[i])
-                    .map_err(|e| ApiError::Internal(format!("detokenizing text {i}: {e}")))?;
-                if sequence.output.stop == StopReason::MaxLength && plan.target.is_none() {
+            .map(|(i, (sequence, text))| {
+                if sequence.output.stop == StopReason::MaxLength && text.plan.target.is_none() {
                     tracing::debug!(text = i, "stopped at the length bound without EOS");
                 }
-                Ok(Translation {
-                    text,
-                    source_tokens,
-                    output_tokens: sequence.output.ids.len(),
-                    target_length: plan.target,
-                    length_source: plan.source,
-                    predicted_length: plan.predicted,
-                    length_mode: plan.target.map(|_| valid.length.mode),
-                    truncated: false,
-                })
+                Ok(model.pipeline.translation(i, text, &sequence.output)?)
             })
-            .collect::<Result<Vec<_>, ApiError>>()?;
-        Ok(TranslateResponse {
-            model: valid.model.name.clone(),
-            translations,
-        })
+            .collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nmt_engine::logits::MAX_NO_REPEAT_NGRAM_SIZE;
+    use std::time::Duration;
 
     fn limits() -> RequestLimits {
         RequestLimits {
@@ -846,9 +639,9 @@ mod tests {
             max_body_bytes: 1 << 20,
             max_length_ratio: 1.5,
             max_length_offset: 10,
-            length_pull: crate::length::DEFAULT_LENGTH_PULL,
-            runaway_ratio: crate::length::DEFAULT_RUNAWAY_RATIO,
-            no_repeat_ngram_size: crate::logits::DEFAULT_NO_REPEAT_NGRAM_SIZE,
+            length_pull: nmt_engine::length::DEFAULT_LENGTH_PULL,
+            runaway_ratio: nmt_engine::length::DEFAULT_RUNAWAY_RATIO,
+            no_repeat_ngram_size: nmt_engine::logits::DEFAULT_NO_REPEAT_NGRAM_SIZE,
             request_timeout: Duration::from_secs(30),
         }
     }
@@ -861,26 +654,6 @@ mod tests {
             max_queued_requests: 8,
             max_queue_wait: Duration::from_secs(60),
         }
-    }
-
-    #[test]
-    fn decoding_rules_for_a_text_without_a_target_length() {
-        let limits = limits();
-        // ceil(1.5 * 7) + 10 = 21; capped by the model's bound and kept at least 1.
-        assert_eq!(limits.output_budget(7, 100), 21);
-        assert_eq!(limits.output_budget(200, limits.max_output(64)), 64);
-        assert_eq!(
-            RequestLimits {
-                max_length_offset: 0,
-                ..limits.clone()
-            }
-            .output_budget(0, 64),
-            1
-        );
-        assert_eq!(limits.input_limit(Some(127)), (127, LimitSource::Model));
-        assert_eq!(limits.input_limit(Some(300)), (256, LimitSource::Server));
-        assert_eq!(limits.input_limit(None), (256, LimitSource::Server));
-        assert_eq!(source_ids(&[5, 9], 2), vec![5, 9, 2]);
     }
 
     #[tokio::test]
@@ -919,7 +692,11 @@ mod tests {
             length: LengthRequest::default(),
             no_repeat_ngram_size: n,
         };
-        let ban = |n| infer.validate(asking(n)).map(|v| v.no_repeat_ngram_size);
+        let ban = |n| {
+            infer
+                .validate(asking(n))
+                .map(|v| v.texts[0].no_repeat_ngram_size)
+        };
         assert_eq!(ban(None).unwrap(), 6);
         assert_eq!(ban(Some(0)).unwrap(), 0);
         assert_eq!(ban(Some(MAX_NO_REPEAT_NGRAM_SIZE)).unwrap(), 64);

@@ -1,18 +1,10 @@
-//! The translation server: ONNX Runtime sessions driven by a greedy decode loop with a KV
-//! cache, behind an axum HTTP API.
+//! The translation server: the engine (`nmt_engine`: ONNX Runtime sessions, a greedy decode
+//! loop with a KV cache, one pipeline) driven through a scheduler, behind an HTTP (axum) and
+//! a gRPC (tonic) API.
 //!
-//! - [`package`]: opening a model package (manifest, tokenizer) and checking them together.
-//! - [`contract`]: checking a package's graphs against the decoder-step contract
-//!   (`model_package::names`) and its manifest.
-//! - [`onnx`]: loading ONNX Runtime, opening the graphs, and [`onnx::OrtBackend`], the
-//!   [`backend::Backend`] that runs them.
-//! - [`decode`]: greedy decoding over a running batch that rows join and leave, written
-//!   against [`backend::Backend`] only.
 //! - [`scheduler`]: the model's own thread, its queue, and continuous batching.
 //! - [`admission`]: refusing at the door the requests the model would not finish in time.
 //! - [`infer`]: the service whatever the transport: validation, timeouts, metrics.
-//! - [`length`]: length control (target lengths, modes, `max_chars`) and
-//!   [`predictor`], the package's learned length predictor.
 //! - [`http`]: the JSON API over axum, [`http::app`], its OpenAPI document generated from the
 //!   handlers' types ([`http::ApiDoc`], with [`openapi`] for the model package's enums), and
 //!   [`web`], the page at `/` to try it.
@@ -27,30 +19,21 @@
 //!   Runtime and the service around it, for driving [`http::app`] in-process.
 
 pub mod admission;
-pub mod backend;
 pub mod connections;
-pub mod contract;
-pub mod decode;
 pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod infer;
-pub mod length;
-pub mod logits;
 pub mod metrics;
-pub mod onnx;
 pub mod openapi;
-pub mod package;
-pub mod predictor;
 pub mod request_id;
 pub mod scheduler;
 pub mod server;
-pub mod slots;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod web;
 
 pub use error::ApiError;
 pub use http::app;
-pub use infer::Infer;
+pub use infer::{Infer, ModelInfo, TranslateRequest, TranslateResponse, Translation};
 pub use server::{load, run, Args};

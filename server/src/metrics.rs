@@ -8,26 +8,8 @@ use prometheus::{
     TextEncoder,
 };
 
-/// Upper bounds (subword tokens, inclusive) and label values of the input-length buckets.
-/// The last bucket is open.
-pub const INPUT_LENGTH_BUCKETS: [(usize, &str); 7] = [
-    (16, "1-16"),
-    (32, "17-32"),
-    (64, "33-64"),
-    (128, "65-128"),
-    (256, "129-256"),
-    (512, "257-512"),
-    (usize::MAX, "513+"),
-];
-
-/// The `input_length` label of a text of `tokens` subwords.
-pub fn input_length_bucket(tokens: usize) -> &'static str {
-    INPUT_LENGTH_BUCKETS
-        .iter()
-        .find(|(bound, _)| tokens <= *bound)
-        .map(|(_, label)| *label)
-        .expect("the last bucket is open")
-}
+// The buckets are the engine's, so that nmt-eval reports by the same ones as the dashboards.
+pub use nmt_engine::limits::{input_length_bucket, INPUT_LENGTH_BUCKETS};
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

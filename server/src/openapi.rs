@@ -1,9 +1,11 @@
 //! Schemas for the generated OpenAPI document ([`crate::http::ApiDoc`]) of types that cannot
-//! derive `utoipa::ToSchema` here: the model package's enums that `GET /models` shows.
+//! derive `utoipa::ToSchema` here: the model package's enums that `GET /models` shows, and
+//! the engine's that a translation reports (the engine links no web framework).
 //!
 //! Their variants are read from their own `Deserialize` implementations (serde hands every
 //! deserializer an enum's name and its variants' names, renamed as on the wire), so the
-//! document lists exactly what the server sends, without `model-package` depending on utoipa.
+//! document lists exactly what the server sends, without `model-package` or `nmt-engine`
+//! depending on utoipa.
 
 use std::borrow::Cow;
 
@@ -103,6 +105,15 @@ foreign_enums! {
     LengthEncodingSchema => model_package::LengthEncoding,
     /// [`model_package::Precision`].
     PrecisionSchema => model_package::Precision,
+    /// [`nmt_engine::length::LengthMode`]: how a target length is met (`soft`: the length
+    /// encoding guides a length-aware decoder; `exact`: EOS is masked before the length and
+    /// forced at it).
+    LengthModeSchema => nmt_engine::length::LengthMode,
+    /// [`nmt_engine::length::LengthSource`]: where a text's target length came from.
+    LengthSourceSchema => nmt_engine::length::LengthSource,
+    /// [`nmt_engine::limits::LimitSource`]: whose input limit applies (`model`: the model's
+    /// own, from its absolute positions; `server`: `--max-input-tokens`).
+    LimitSourceSchema => nmt_engine::limits::LimitSource,
 }
 
 #[cfg(test)]
@@ -131,5 +142,12 @@ mod tests {
         assert_eq!(round_trips::<Precision>(), ["float32", "int8"]);
         assert_eq!(serde_enum::<Precision>().unwrap().name, "Precision");
         assert_eq!(serde_enum::<String>(), None);
+        use nmt_engine::length::{LengthMode, LengthSource};
+        assert_eq!(round_trips::<LengthMode>(), ["soft", "exact"]);
+        assert!(round_trips::<LengthSource>().contains(&"max_chars"));
+        assert_eq!(
+            round_trips::<nmt_engine::limits::LimitSource>(),
+            ["model", "server"]
+        );
     }
 }

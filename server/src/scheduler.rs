@@ -34,8 +34,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
 
 use crate::admission::{AdmissionPolicy, FinishedText, JobId, Load, Progress, Refusal};
-use crate::backend::{Backend, BackendError};
-use crate::decode::{DecodeInput, DecodeOutput, RunningBatch, SpecialIds};
+use nmt_engine::backend::{Backend, BackendError};
+use nmt_engine::decode::{DecodeInput, DecodeOutput, RunningBatch, SpecialIds};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Batching {

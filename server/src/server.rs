@@ -13,15 +13,17 @@ use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::EnvFilter;
 
 use crate::connections::{self, ConnectionGate, Timeouts};
-use crate::decode::SpecialIds;
 use crate::grpc::GrpcOptions;
 use crate::http::app_with_body_timeout;
 use crate::infer::{Infer, Model, RequestLimits};
-use crate::length::LengthModel;
 use crate::metrics::Metrics;
-use crate::onnx::{self, Device, OrtBackend, SessionOptions};
-use crate::package::{ModelPackage, TextCodec};
 use crate::scheduler::{Batching, SchedulerConfig, Translator};
+use nmt_engine::decode::SpecialIds;
+use nmt_engine::length::LengthModel;
+use nmt_engine::limits::{self, model_input_limit, DecodingArgs};
+use nmt_engine::onnx::{self, Device, OrtBackend, SessionOptions};
+use nmt_engine::package::{ModelPackage, TextCodec};
+use nmt_engine::pipeline::Pipeline;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -119,27 +121,21 @@ pub struct Args {
 
     /// Seconds from a request's arrival to its answer; later gives 504 and the request's
     /// texts leave the batch.
-    #[arg(long, env = "NMT_REQUEST_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "NMT_REQUEST_TIMEOUT", default_value_t = limits::DEFAULT_REQUEST_TIMEOUT_SECONDS)]
     pub request_timeout: f64,
 
     /// Most texts in one request (413 above).
-    #[arg(long, env = "NMT_MAX_TEXTS_PER_REQUEST", default_value_t = 64)]
+    #[arg(long, env = "NMT_MAX_TEXTS_PER_REQUEST", default_value_t = limits::DEFAULT_MAX_TEXTS_PER_REQUEST)]
     pub max_texts_per_request: usize,
 
-    /// Most subword tokens in one text (413 above): room for a page of text (8 verses of
-    /// the test books reach ~500). A model with absolute positions may declare a lower limit
-    /// of its own, which wins.
-    #[arg(long, env = "NMT_MAX_INPUT_TOKENS", default_value_t = 1024)]
-    pub max_input_tokens: usize,
-
-    /// Most subword tokens generated for one text (also caps `target_length`); the model's
-    /// own `max_target_tokens` wins when lower.
-    #[arg(long, env = "NMT_MAX_OUTPUT_TOKENS", default_value_t = 1024)]
-    pub max_output_tokens: usize,
+    /// How texts are decoded: input and output bounds, length rules, placeholder masking
+    /// (the engine's flags, shared with nmt-translate and nmt-eval).
+    #[command(flatten)]
+    pub decoding: DecodingArgs,
 
     /// Largest request body in bytes (413 above). A `Content-Length` over it is refused
     /// before the body is read.
-    #[arg(long, env = "NMT_MAX_BODY_BYTES", default_value_t = 1 << 20)]
+    #[arg(long, env = "NMT_MAX_BODY_BYTES", default_value_t = limits::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 
     /// Seconds a client has to send a complete request head: from connecting for the first
@@ -171,44 +167,6 @@ pub struct Args {
     /// within 20 s is dropped. 0 sends none.
     #[arg(long, env = "NMT_GRPC_KEEPALIVE_INTERVAL", default_value_t = 60.0)]
     pub grpc_keepalive_interval: f64,
-
-    /// Without a target length, a text stops after `ratio * source_tokens + offset` tokens.
-    #[arg(long, env = "NMT_MAX_LENGTH_RATIO", default_value_t = 2.0)]
-    pub max_length_ratio: f64,
-
-    /// See `--max-length-ratio`.
-    #[arg(long, env = "NMT_MAX_LENGTH_OFFSET", default_value_t = 10)]
-    pub max_length_offset: usize,
-
-    /// Soft length mode (`"length_mode": "soft"`, the default for a target length): how
-    /// hard the end of the translation is pulled toward the asked length, in logits per
-    /// subword of distance beyond ±1 of it. The length encoding plans the sentence; the pull
-    /// only discourages ending well before the target and encourages ending once well past
-    /// it, so the model still picks where, at a sentence end. 0 turns it off.
-    #[arg(long, env = "NMT_LENGTH_PULL", default_value_t = crate::length::DEFAULT_LENGTH_PULL)]
-    pub length_pull: f32,
-
-    /// Soft mode toward a predicted length (a length-aware model asked for no length, or
-    /// `"auto"`): a translation that runs past RATIO times the prediction plus 5 subwords has
-    /// its end pulled (2 logits per subword past it), so a decoder that has lost its plan
-    /// stops there instead of looping on to the output budget. Outputs that end on their own
-    /// end within 1.4x of the prediction on the test books; 0 turns it off.
-    #[arg(long, env = "NMT_RUNAWAY_RATIO", default_value_t = crate::length::DEFAULT_RUNAWAY_RATIO)]
-    pub runaway_ratio: f64,
-
-    /// No n-gram of this many subwords appears twice in a translation (CTranslate2's and
-    /// Hugging Face's `no_repeat_ngram_size`): a token that would repeat one gives way to the
-    /// model's next choice. Stops a decoder that stutters through a list ("los consejos,
-    /// los consejos, los consejos"); a request's `no_repeat_ngram_size` overrides it. 0
-    /// turns it off; at most 64.
-    #[arg(long, env = "NMT_NO_REPEAT_NGRAM_SIZE", default_value_t = crate::logits::DEFAULT_NO_REPEAT_NGRAM_SIZE)]
-    pub no_repeat_ngram_size: usize,
-
-    /// Leave placeholders, numbers, URLs and markup to the model instead of masking them
-    /// before it and putting them back after (models whose tokenizer has the sentinels
-    /// `｟0｠`..; others are never masked): to measure what masking is worth.
-    #[arg(long, env = "NMT_NO_PLACEHOLDER_MASKING")]
-    pub no_placeholder_masking: bool,
 
     /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C; then the server
     /// exits anyway.
@@ -242,30 +200,11 @@ impl Args {
 
     /// The limits every request is checked against.
     pub fn request_limits(&self) -> anyhow::Result<RequestLimits> {
-        if !(self.runaway_ratio.is_finite() && self.runaway_ratio >= 0.0) {
-            anyhow::bail!(
-                "--runaway-ratio must be 0 (off) or a positive number, not {}",
-                self.runaway_ratio
-            );
-        }
-        if self.no_repeat_ngram_size > crate::logits::MAX_NO_REPEAT_NGRAM_SIZE {
-            anyhow::bail!(
-                "--no-repeat-ngram-size must be at most {}, not {}",
-                crate::logits::MAX_NO_REPEAT_NGRAM_SIZE,
-                self.no_repeat_ngram_size
-            );
-        }
-        Ok(RequestLimits {
+        self.decoding.apply(RequestLimits {
             max_texts_per_request: self.max_texts_per_request,
-            max_input_tokens: self.max_input_tokens,
-            max_output_tokens: self.max_output_tokens,
             max_body_bytes: self.max_body_bytes,
-            max_length_ratio: self.max_length_ratio,
-            max_length_offset: self.max_length_offset,
-            length_pull: self.length_pull,
-            runaway_ratio: self.runaway_ratio,
-            no_repeat_ngram_size: self.no_repeat_ngram_size,
             request_timeout: Args::seconds(self.request_timeout, "request-timeout")?,
+            ..RequestLimits::default()
         })
     }
 
@@ -347,7 +286,8 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
         max_queued_requests: args.max_queued_requests.max(1),
         max_queue_wait: args.max_queue_wait()?,
     };
-    let request_timeout = args.request_limits()?.request_timeout;
+    let limits = args.request_limits()?;
+    let request_timeout = limits.request_timeout;
     if scheduler.max_queue_wait >= request_timeout {
         tracing::warn!(
             max_queue_wait = scheduler.max_queue_wait.as_secs_f64(),
@@ -357,11 +297,11 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
     }
     let mut models: Vec<Model> = Vec::new();
     for dir in &args.model_dir {
-        let model = load_model(&env, dir, args, &scheduler, &metrics)?;
-        if models.iter().any(|m| m.name == model.name) {
+        let model = load_model(&env, dir, args, &limits, &scheduler, &metrics)?;
+        if models.iter().any(|m| m.name() == model.name()) {
             anyhow::bail!(
                 "two model packages are named `{}` (the second in {}); names must be unique",
-                model.name,
+                model.name(),
                 dir.display()
             );
         }
@@ -371,10 +311,10 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
         Some(name) => name.clone(),
         None => models
             .first()
-            .map(|m| m.name.clone())
+            .map(|m| m.name().to_string())
             .context("no --model-dir given")?,
     };
-    Infer::new(models, &default, args.request_limits()?, metrics)
+    Infer::new(models, &default, limits, metrics)
 }
 
 /// One package: checked, its sessions opened, its worker thread started.
@@ -382,6 +322,7 @@ fn load_model(
     env: &ort::environment::Environment,
     dir: &std::path::Path,
     args: &Args,
+    limits: &RequestLimits,
     scheduler: &SchedulerConfig,
     metrics: &Metrics,
 ) -> anyhow::Result<Model> {
@@ -424,28 +365,23 @@ fn load_model(
         "model loaded"
     );
     Ok(Model {
-        name: manifest.name.clone(),
+        pipeline: Pipeline {
+            name: manifest.name.clone(),
+            codec: TextCodec::new(package.tokenizer)
+                .with_masking(!args.decoding.no_placeholder_masking),
+            eos_id: manifest.eos_id,
+            length,
+            max_source_tokens: model_input_limit(manifest),
+            max_target_tokens: manifest.limits.max_target_tokens,
+            limits: limits.clone(),
+        },
         config: manifest.config.clone(),
         source_language: manifest.source_language.clone(),
         target_language: manifest.target_language.clone(),
-        codec: TextCodec::new(package.tokenizer).with_masking(!args.no_placeholder_masking),
         translator,
-        eos_id: manifest.eos_id,
-        max_source_tokens: model_input_limit(manifest),
-        max_target_tokens: manifest.limits.max_target_tokens,
-        length,
         precision: manifest.precision,
         domains: manifest.domains.clone(),
     })
-}
-
-/// The longest input the model itself takes, in subwords without EOS (the manifest's limit
-/// counts EOS; request limits do not); `None` when it declares none.
-pub fn model_input_limit(manifest: &model_package::Manifest) -> Option<usize> {
-    manifest
-        .limits
-        .max_source_tokens
-        .map(|m| m.saturating_sub(1))
 }
 
 /// Loads the model, binds, prints `listening on http://ADDR` then `grpc listening on ADDR`
@@ -630,10 +566,15 @@ mod tests {
         assert!(Args::try_parse_from(["nmt-server", "--model-workers", "0"]).is_err());
         let mut negative = Args::parse_from(["nmt-server", "--runaway-ratio=-1"]);
         assert!(negative.request_limits().is_err());
-        negative.runaway_ratio = 0.0;
+        negative.decoding.runaway_ratio = 0.0;
         assert_eq!(negative.request_limits().unwrap().runaway_ratio, 0.0);
         assert!(!args.print_openapi);
         assert!(Args::parse_from(["nmt-server", "--print-openapi"]).print_openapi);
+        // The offline tools decode under the engine's defaults: the server's must be them.
+        assert_eq!(
+            Args::parse_from(["nmt-server"]).request_limits().unwrap(),
+            RequestLimits::default()
+        );
     }
 
     #[test]

@@ -30,8 +30,8 @@ use axum::http::{HeaderName, HeaderValue, Method, Request};
 use axum::Router;
 use http_body_util::BodyExt;
 use model_package::LinearFit;
+use nmt_engine::length::LengthModel;
 use nmt_server::infer::RequestLimits;
-use nmt_server::length::LengthModel;
 use nmt_server::scheduler::{Batching, SchedulerConfig};
 use nmt_server::testing::{self, CopyBackend, TestModel};
 use proptest::prelude::*;
@@ -624,8 +624,8 @@ fn harness() -> &'static Harness {
             max_body_bytes: 4096,
             max_length_ratio: 2.0,
             max_length_offset: 10,
-            length_pull: nmt_server::length::DEFAULT_LENGTH_PULL,
-            runaway_ratio: nmt_server::length::DEFAULT_RUNAWAY_RATIO,
+            length_pull: nmt_engine::length::DEFAULT_LENGTH_PULL,
+            runaway_ratio: nmt_engine::length::DEFAULT_RUNAWAY_RATIO,
             no_repeat_ngram_size: 0,
             request_timeout: Duration::from_secs(60),
         };

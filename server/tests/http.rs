@@ -8,11 +8,11 @@ use axum::body::Body;
 use axum::http::{header, HeaderValue, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
+use nmt_engine::length::{LengthMode, LengthSource, MAX_CHARS_LIMIT};
 use nmt_server::app;
 use nmt_server::error::ErrorBody;
 use nmt_server::http::{openapi_json, Models, REQUEST_ID};
 use nmt_server::infer::{Infer, RequestLimits, TranslateResponse, Translation};
-use nmt_server::length::{LengthMode, LengthSource, MAX_CHARS_LIMIT};
 use nmt_server::scheduler::{Batching, SchedulerConfig};
 use nmt_server::testing::{self, CopyBackend};
 use tower::ServiceExt;
@@ -25,8 +25,8 @@ fn limits() -> RequestLimits {
         max_body_bytes: 256,
         max_length_ratio: 2.0,
         max_length_offset: 10,
-        length_pull: nmt_server::length::DEFAULT_LENGTH_PULL,
-        runaway_ratio: nmt_server::length::DEFAULT_RUNAWAY_RATIO,
+        length_pull: nmt_engine::length::DEFAULT_LENGTH_PULL,
+        runaway_ratio: nmt_engine::length::DEFAULT_RUNAWAY_RATIO,
         no_repeat_ngram_size: 0,
         request_timeout: Duration::from_secs(10),
     }
@@ -877,7 +877,7 @@ async fn the_served_openapi_document_is_the_generated_one_and_agrees_with_the_li
     );
     assert_eq!(
         request["properties"]["no_repeat_ngram_size"]["maximum"],
-        nmt_server::logits::MAX_NO_REPEAT_NGRAM_SIZE
+        nmt_engine::logits::MAX_NO_REPEAT_NGRAM_SIZE
     );
     let translate = &doc["paths"]["/translate"]["post"];
     let id = &translate["parameters"][0];

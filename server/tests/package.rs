@@ -12,10 +12,10 @@ use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use http_body_util::BodyExt;
 use ndarray::Array2;
-use nmt_server::backend::Backend;
+use nmt_engine::backend::Backend;
+use nmt_engine::onnx::{self, OrtBackend, OrtRows, SessionOptions};
+use nmt_engine::package::ModelPackage;
 use nmt_server::infer::TranslateResponse;
-use nmt_server::onnx::{self, OrtBackend, OrtRows, SessionOptions};
-use nmt_server::package::ModelPackage;
 use nmt_server::{app, Args};
 use tower::ServiceExt;
 
@@ -136,7 +136,7 @@ fn first_step_runs_from_empty_state() {
     let next: Vec<i64> = logits
         .rows()
         .into_iter()
-        .map(|r| i64::from(nmt_server::logits::argmax_except(r, None)))
+        .map(|r| i64::from(nmt_engine::logits::argmax_except(r, None)))
         .collect();
     let logits = backend.step(&mut rows, &next, &[1, 1], &[0, 0]).unwrap();
     assert!(
@@ -207,7 +207,7 @@ fn moved_rows_and_refilled_slots_continue_like_a_fresh_batch() {
 fn rows_that_join_a_running_batch_continue_like_a_fresh_batch() {
     let mut backend = backend();
     let bos = i64::from(package().manifest.bos_id);
-    let deviation = nmt_server::backend::batching_deviation(
+    let deviation = nmt_engine::backend::batching_deviation(
         &mut backend,
         &source_ids(SENTENCES[4]),
         &source_ids(SENTENCES[1]),
@@ -314,7 +314,7 @@ async fn the_shipped_length_predictor_predicts_natural_lengths_alone_or_batched(
     for (text, t) in SENTENCES.iter().zip(&batched.translations) {
         assert_eq!(
             t.length_source,
-            Some(nmt_server::length::LengthSource::Predictor),
+            Some(nmt_engine::length::LengthSource::Predictor),
             "{t:?}"
         );
         let predicted = t.predicted_length.unwrap();
@@ -372,7 +372,12 @@ async fn a_large_request_gives_the_length_predictor_back_between_chunks() {
     // not after all 64 (issue 12.3: small requests beside a large one).
     let infer = own_state(|_| {});
     let model = infer.models().next().unwrap();
-    let predictor = model.length.predictor.clone().expect("a predictor");
+    let predictor = model
+        .pipeline
+        .length
+        .predictor
+        .clone()
+        .expect("a predictor");
     let held = predictor.turn_unless_busy().await.unwrap();
     let texts: Vec<&str> = SENTENCES.iter().cycle().take(64).copied().collect();
     let large = {
@@ -405,7 +410,7 @@ async fn a_large_request_gives_the_length_predictor_back_between_chunks() {
     for t in &response.translations {
         assert_eq!(
             t.length_source,
-            Some(nmt_server::length::LengthSource::Predictor),
+            Some(nmt_engine::length::LengthSource::Predictor),
             "{t:?}"
         );
     }
@@ -421,7 +426,12 @@ async fn a_request_the_door_refuses_is_refused_before_its_length_is_predicted() 
         args.max_queue_wait = Some(0.001);
     });
     let model = infer.models().next().unwrap();
-    let predictor = model.length.predictor.clone().expect("a predictor");
+    let predictor = model
+        .pipeline
+        .length
+        .predictor
+        .clone()
+        .expect("a predictor");
     // An asked length needs no prediction: 250 steps keep the row busy.
     let busy = {
         let infer = infer.clone();

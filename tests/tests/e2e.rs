@@ -11,7 +11,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use candle_core::{Device, Tensor};
-use common::{binary, post_translate, run, start_server, wait_until_ready, Server};
+use common::{
+    binary, post_translate, run, shipped_package, start_server, wait_until_ready, Server,
+};
 use nmt_train::model::Seq2Seq;
 use serde_json::{json, Value};
 
@@ -581,10 +583,6 @@ async fn wait_for_exit(
 }
 
 /// The package that ships with the repo.
-fn shipped_package() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe")
-}
-
 /// What a server logged on stderr, collected as it comes.
 type Log = std::sync::Arc<std::sync::Mutex<String>>;
 

@@ -14,13 +14,10 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    binary, post_translate, start_server, start_server_with_env, wait_until_ready, Server,
+    binary, post_translate, shipped_package, start_server, start_server_with_env, wait_until_ready,
+    Server,
 };
 use serde_json::{json, Value};
-
-fn shipped_package() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe")
-}
 
 /// A copy of the shipped package at `work/name`, made of links to the original's entries.
 fn package(work: &Path, name: &str) -> PathBuf {

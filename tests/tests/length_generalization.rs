@@ -236,6 +236,7 @@ fn train_and_export(work: &Path, preset: &'static str) -> Trained {
         mask_fraction: 0.0,
         dev_splits: vec!["dev".into()],
         dev_limit: DEV_PAIRS,
+        oversample: Vec::new(),
         seed: TRAIN_SEED,
         quiet: true,
     })

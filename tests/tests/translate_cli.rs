@@ -4,16 +4,10 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use common::{binary, post_translate, start_server, wait_until_ready};
+use common::{post_translate, shipped_package, start_server, translate_cli, wait_until_ready};
 use serde_json::{json, Value};
-
-fn shipped_package() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe")
-}
 
 const VERSES: [&str; 6] = [
     "Jesus wept.",
@@ -23,22 +17,6 @@ const VERSES: [&str; 6] = [
     "And the king said unto Daniel, Of a truth it is, that your God is a God of gods.",
     "Rejoice in the Lord alway: and again I say, Rejoice.",
 ];
-
-fn translate_cli(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(binary("nmt-translate"))
-        .arg("--model-dir")
-        .arg(shipped_package())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting nmt-translate");
-    let mut pipe = child.stdin.take().unwrap();
-    pipe.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(pipe);
-    child.wait_with_output().unwrap()
-}
 
 fn lines(output: &Output) -> Vec<String> {
     assert!(
@@ -95,7 +73,7 @@ async fn translates_a_file_as_the_server_does() {
             "--batch-size",
             "2",
         ],
-        None,
+        "",
     );
     assert!(
         lines(&output).is_empty(),
@@ -117,7 +95,7 @@ async fn translates_a_file_as_the_server_does() {
     // Standard input, with a length ask, as the API takes it.
     let output = translate_cli(
         &["--target-length", "6", "--length-mode", "exact", "--quiet"],
-        Some(&VERSES.join("\n")),
+        &VERSES.join("\n"),
     );
     assert_eq!(lines(&output), exact);
     assert!(output.stderr.is_empty(), "--quiet prints nothing");
@@ -125,7 +103,7 @@ async fn translates_a_file_as_the_server_does() {
 
 #[test]
 fn refuses_a_length_the_model_cannot_take() {
-    let output = translate_cli(&["--target-length", "0"], Some("Jesus wept.\n"));
+    let output = translate_cli(&["--target-length", "0"], "Jesus wept.\n");
     assert!(!output.status.success());
     let message = String::from_utf8_lossy(&output.stderr);
     assert!(message.contains("target_length 0"), "{message}");

@@ -75,6 +75,7 @@ pub fn tiny_run_with(dir: &Path, preset: &str, steps: usize) -> anyhow::Result<T
         mask_fraction: 0.0,
         dev_splits: vec!["dev".into()],
         dev_limit: 64,
+        oversample: Vec::new(),
         seed: 1,
         quiet: true,
     })?;

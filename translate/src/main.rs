@@ -1,5 +1,5 @@
 //! `nmt-translate`: translates a text file or standard input line by line with a model
-//! package, through nmt-server's engine, without a server. `nmt-translate --help` explains
+//! package, through the engine nmt-server drives (`nmt_engine`), without a server. `nmt-translate --help` explains
 //! every flag.
 
 use std::fs::File;
@@ -11,9 +11,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use nmt_server::length::{LengthMode, LengthRequest, TargetLength};
-use nmt_server::onnx::Device;
-use nmt_translate::engine::{Engine, EngineOptions, Outcome, Translation};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+use nmt_engine::limits::DecodingArgs;
+use nmt_engine::onnx::Device;
+use nmt_engine::{Engine, EngineOptions, Outcome, Translation};
 
 /// Translates a text file (or standard input) line by line with a model package, through the
 /// same tokenizer, limits, length planning, ONNX Runtime engine and greedy decode loop as
@@ -23,7 +24,7 @@ use nmt_translate::engine::{Engine, EngineOptions, Outcome, Translation};
 /// length. A progress bar and the throughput go to standard error.
 ///
 /// Needs ONNX Runtime (`source scripts/env.sh` sets ORT_DYLIB_PATH). The input limit and output
-/// budget are nmt-server's defaults, or its `NMT_*` environment variables when set.
+/// budget are nmt-server's, with the same flags and `NMT_*` variables.
 #[derive(Clone, Debug, Parser)]
 #[command(name = "nmt-translate", version, about, long_about)]
 struct Args {
@@ -44,13 +45,13 @@ struct Args {
     /// `auto` (the package's length predictor). A length-aware package plans a sentence of
     /// that length; with another package, use `--length-mode exact`. Unset: what a request
     /// without one gets (a length-aware package predicts the length).
-    #[arg(long, value_parser = parse_target_length)]
+    #[arg(long)]
     target_length: Option<TargetLength>,
 
     /// How a length is met: `soft` (a length-aware model plans it and may end a little early
     /// or late) or `exact` (EOS is forbidden before the length and forced at it).
-    #[arg(long, value_enum, default_value_t = ModeArg::Soft)]
-    length_mode: ModeArg,
+    #[arg(long, value_enum, default_value_t = LengthMode::Soft)]
+    length_mode: LengthMode,
 
     /// At most this many characters per translation (spaces included): a shorter length is
     /// planned, the line is decoded once more if it is still too long, then cut at a word
@@ -77,6 +78,10 @@ struct Args {
     #[arg(long)]
     beyond_input_limit: bool,
 
+    /// How lines are decoded: nmt-server's flags and defaults.
+    #[command(flatten)]
+    decoding: DecodingArgs,
+
     /// No progress bar and no summary; warnings are still printed.
     #[arg(short, long)]
     quiet: bool,
@@ -84,23 +89,6 @@ struct Args {
     /// ONNX Runtime shared library (libonnxruntime.so); `source scripts/env.sh` sets it.
     #[arg(long, env = "ORT_DYLIB_PATH")]
     ort_dylib_path: Option<PathBuf>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum ModeArg {
-    Soft,
-    Exact,
-}
-
-fn parse_target_length(value: &str) -> Result<TargetLength, String> {
-    match value {
-        "source" => Ok(TargetLength::Source),
-        "auto" => Ok(TargetLength::Auto),
-        n => n
-            .parse::<usize>()
-            .map(TargetLength::Tokens)
-            .map_err(|_| format!("`{n}` is not a number of subwords, `source` or `auto`")),
-    }
 }
 
 /// Lines read and decoded at a time: enough batches to sort by length, few enough that the
@@ -132,10 +120,7 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<()> {
     let request = LengthRequest {
         target: args.target_length,
-        mode: match args.length_mode {
-            ModeArg::Soft => LengthMode::Soft,
-            ModeArg::Exact => LengthMode::Exact,
-        },
+        mode: args.length_mode,
         max_chars: args.max_chars,
     };
     let options = EngineOptions {
@@ -143,6 +128,8 @@ fn run(args: &Args) -> Result<()> {
         intra_op_threads: args.threads as usize,
         ort_dylib_path: args.ort_dylib_path.clone(),
         beyond_input_limit: args.beyond_input_limit,
+        limits: args.decoding.limits()?,
+        placeholder_masking: !args.decoding.no_placeholder_masking,
     };
     let mut engine = Engine::load(&args.model_dir, &options)
         .with_context(|| format!("loading {}", args.model_dir.display()))?;
@@ -203,7 +190,8 @@ fn translate_stream(
             return Ok(totals);
         }
         let lengths = vec![*request; chunk.len()];
-        let translations = engine.translate(&chunk, &lengths, batch_size, bar)?;
+        let translations =
+            engine.translate(&chunk, &lengths, batch_size, &mut |n| bar.inc(n as u64))?;
         for (i, (line, translation)) in chunk.iter().zip(&translations).enumerate() {
             if translation.outcome == Outcome::Refused && !line.trim().is_empty() {
                 bar.suspend(|| {
@@ -217,7 +205,9 @@ fn translate_stream(
                 });
                 totals.refused += 1;
             }
-            writeln!(output, "{}", translation.text).context("writing the translations")?;
+            // One translation a line, so the output aligns with the input.
+            let line = translation.text.replace(['\n', '\r'], " ");
+            writeln!(output, "{line}").context("writing the translations")?;
             add(&mut totals, translation);
         }
         output.flush().context("writing the translations")?;

@@ -1,7 +1,7 @@
-//! `nmt-bench-worker`: this server's side of `bench/ctranslate2/compare.py`, the benchmark
+//! `nmt-bench-worker`: this server's side of `python3 -m nmt_tools.ct2.compare`, the benchmark
 //! against CTranslate2.
 //!
-//! compare.py keeps every configuration it measures loaded in its own worker process for the
+//! compare keeps every configuration it measures loaded in its own worker process for the
 //! whole run (CTranslate2's in Python workers, this server's in this one), so that passes of
 //! different configurations can alternate without a model load between them. A worker loads,
 //! warms up, prints one JSON line `{"ready": true, ...}` on stdout, then answers each line
@@ -10,7 +10,7 @@
 //! translations, one a line in input order, are written there after the clock stops). It exits
 //! at the end of stdin; an `http` worker stops its server then.
 //!
-//! - `engine`: nmt-server's engine in-process (`nmt_translate::engine`, what nmt-eval and
+//! - `engine`: nmt-server's engine in-process (`nmt_engine::Engine`, what nmt-eval and
 //!   nmt-translate run): tokenizer, limits, length planning, ONNX Runtime, greedy decode loop
 //!   and detokenization, in batches of `--batch-size` sorted longest first.
 //! - `http`: starts `nmt-server` (as nmt-bench does, with nmt-bench's own code) and sends every
@@ -36,14 +36,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use indicatif::ProgressBar;
-use nmt_server::length::LengthRequest;
-use nmt_server::onnx::Device;
-use nmt_translate::engine::{Engine, EngineOptions, Outcome};
+use nmt_engine::length::LengthRequest;
+use nmt_engine::onnx::Device;
+use nmt_engine::{Engine, EngineOptions, Outcome, RequestLimits};
 use serde::Serialize;
 use serde_json::json;
 
-/// One side of bench/ctranslate2/compare.py: loads this server's engine (or starts the
+/// One side of `python3 -m nmt_tools.ct2.compare`: loads this server's engine (or starts the
 /// server), then translates the verses once per `run` line on stdin and answers with one JSON
 /// line per pass on stdout. Not meant to be run by hand.
 #[derive(Debug, Parser)]
@@ -146,12 +145,13 @@ fn run(args: Args) -> Result<()> {
                 intra_op_threads: threads,
                 ort_dylib_path,
                 beyond_input_limit: false,
+                limits: RequestLimits::default(),
+                placeholder_masking: true,
             };
             let mut engine = Engine::load(&package, &options)
                 .with_context(|| format!("loading {}", package.display()))?;
             let lengths = vec![LengthRequest::default(); verses.len()];
-            let bar = ProgressBar::hidden();
-            engine.translate(&warmup, &lengths[..warmup.len()], batch_size, &bar)?;
+            engine.translate(&warmup, &lengths[..warmup.len()], batch_size, &mut |_| {})?;
             ready(json!({
                 "name": engine.info.name,
                 "preset": engine.info.preset,
@@ -160,7 +160,7 @@ fn run(args: Args) -> Result<()> {
             }))?;
             serve(|| {
                 let start = Instant::now();
-                let out = engine.translate(&verses, &lengths, batch_size, &bar)?;
+                let out = engine.translate(&verses, &lengths, batch_size, &mut |_| {})?;
                 let seconds = start.elapsed().as_secs_f64();
                 let refused = out.iter().filter(|t| t.outcome == Outcome::Refused).count();
                 let pass = Pass {

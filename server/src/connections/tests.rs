@@ -25,8 +25,8 @@ fn infer(step_delay: Duration) -> Infer {
         max_body_bytes: 256,
         max_length_ratio: 2.0,
         max_length_offset: 10,
-        length_pull: crate::length::DEFAULT_LENGTH_PULL,
-        runaway_ratio: crate::length::DEFAULT_RUNAWAY_RATIO,
+        length_pull: nmt_engine::length::DEFAULT_LENGTH_PULL,
+        runaway_ratio: nmt_engine::length::DEFAULT_RUNAWAY_RATIO,
         no_repeat_ngram_size: 0,
         request_timeout: LONG,
     };

@@ -11,6 +11,29 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// The default model package that ships with the repo: the one place the tests name it.
+pub fn shipped_package() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe")
+}
+
+/// `nmt-translate --model-dir <shipped package> args...` with `stdin` on its standard input.
+pub fn translate_cli(args: &[&str], stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(binary("nmt-translate"))
+        .arg("--model-dir")
+        .arg(shipped_package())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting nmt-translate");
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(stdin.as_bytes()).unwrap();
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
 /// A binary of this workspace, next to the test executable's `deps/` folder.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();

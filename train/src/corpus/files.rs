@@ -37,6 +37,18 @@ pub fn read_parallel(dir: &Path, split: &str) -> anyhow::Result<Vec<(String, Str
     Ok(en.into_iter().zip(es).collect())
 }
 
+/// Reads `{split}.origin`, the provenance of each pair of a split (one line per pair).
+pub fn read_origins(dir: &Path, split: &str) -> Result<Vec<String>> {
+    let path = dir.join(format!("{split}.origin"));
+    let text = fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} (corpora built before provenance was recorded have none: rebuild with `nmt-train corpus`)",
+            path.display()
+        )
+    })?;
+    Ok(text.lines().map(str::to_owned).collect())
+}
+
 /// Reads `test-concat.tsv`.
 pub fn read_concat(dir: &Path) -> Result<Vec<ConcatExample>> {
     let path = dir.join("test-concat.tsv");

@@ -113,7 +113,7 @@ use sword::{check_modules, extract_all, RawVerse, KJV_MODULE, SPANISH_MODULE, WE
 use texts::{english_texts, spanish_texts, ModuleTexts};
 
 /// What the later stages read.
-pub use files::{read_concat, read_parallel, CATALOG_SPLITS, SPLITS};
+pub use files::{read_concat, read_origins, read_parallel, CATALOG_SPLITS, SPLITS};
 
 /// Arguments of `nmt-train corpus`.
 #[derive(clap::Args, Debug, Clone)]

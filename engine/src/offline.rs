@@ -1,0 +1,224 @@
+//! The pipeline driven directly, for `nmt-translate`, `nmt-eval` and the benchmarks: one
+//! package, its ONNX Runtime sessions, the greedy decode loop called in batches of similar
+//! length. The server drives the same [`Pipeline`] through its scheduler, so both answer
+//! the same text with the same translation and counts.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::decode::{greedy_decode, SpecialIds};
+use crate::error::{EngineError, ValidationError};
+use crate::length::{LengthModel, LengthRequest};
+use crate::limits::{model_input_limit, RequestLimits};
+use crate::onnx::{self, Device, OrtBackend, SessionOptions};
+use crate::package::{ModelPackage, TextCodec};
+use crate::pipeline::{Pipeline, Translation, ValidText};
+
+/// What a report says about a package.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PackageInfo {
+    pub dir: PathBuf,
+    pub name: String,
+    pub preset: String,
+    pub execution_provider: String,
+    /// Longest input decoded, in subwords (EOS not counted).
+    pub input_limit: usize,
+    pub max_output_tokens: usize,
+}
+
+/// How to open packages.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    pub device: Device,
+    pub intra_op_threads: usize,
+    pub ort_dylib_path: Option<PathBuf>,
+    /// Decode inputs over the input limit rather than refuse them.
+    pub beyond_input_limit: bool,
+    /// The limits a request would meet: the server's defaults unless told otherwise.
+    pub limits: RequestLimits,
+    /// Mask placeholders, numbers, URLs and markup before the model (as the server does
+    /// unless `--no-placeholder-masking`).
+    pub placeholder_masking: bool,
+}
+
+/// A loaded package, ready to translate.
+pub struct Engine {
+    pub info: PackageInfo,
+    pipeline: Pipeline,
+    backend: OrtBackend,
+    special: SpecialIds,
+}
+
+impl Engine {
+    pub fn load(dir: &Path, options: &EngineOptions) -> anyhow::Result<Engine> {
+        let env = onnx::environment(options.ort_dylib_path.as_deref())?;
+        let package = ModelPackage::load(dir)?;
+        let manifest = &package.manifest;
+        let session = SessionOptions {
+            intra_op_threads: options.intra_op_threads,
+            device: options.device,
+        };
+        let backend = OrtBackend::load(&env, &package.dir, manifest, &session)
+            .with_context(|| format!("opening the graphs of {}", dir.display()))?;
+        let length = LengthModel::load(&env, &package.dir, manifest, &session)?;
+        let mut limits = options.limits.clone();
+        let mut max_source_tokens = model_input_limit(manifest);
+        if options.beyond_input_limit {
+            // Past the training lengths, but never past a learned position table (EOS
+            // takes a position).
+            limits.max_input_tokens = manifest
+                .config
+                .position_table()
+                .map_or(usize::MAX, |t| t - 1);
+            max_source_tokens = None;
+        }
+        let pipeline = Pipeline {
+            name: manifest.name.clone(),
+            codec: TextCodec::new(package.tokenizer).with_masking(options.placeholder_masking),
+            eos_id: manifest.eos_id,
+            length,
+            max_source_tokens,
+            max_target_tokens: manifest.limits.max_target_tokens,
+            limits,
+        };
+        let info = PackageInfo {
+            dir: dir.to_path_buf(),
+            name: manifest.name.clone(),
+            preset: manifest.config.preset.clone(),
+            execution_provider: backend.execution_provider().to_string(),
+            input_limit: pipeline.input_limit().0,
+            max_output_tokens: pipeline.max_output(),
+        };
+        Ok(Engine {
+            info,
+            special: SpecialIds {
+                bos: manifest.bos_id,
+                eos: manifest.eos_id,
+            },
+            pipeline,
+            backend,
+        })
+    }
+
+    /// The pipeline: the package's codec, length model and limits.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// Refuses a length ask this package cannot honour, with the server's message (its 422).
+    pub fn check_length(&self, request: &LengthRequest) -> Result<(), ValidationError> {
+        let p = &self.pipeline;
+        p.length.check(request, &p.name, p.max_output())
+    }
+
+    /// Subword count of `text` with the package's tokenizer.
+    pub fn count_subwords(&self, text: &str) -> anyhow::Result<usize> {
+        Ok(self
+            .pipeline
+            .codec
+            .encode(text)
+            .map_err(anyhow::Error::msg)?
+            .len())
+    }
+
+    /// Translates `texts` (`lengths[i]` is text `i`'s length ask, as a request would carry
+    /// it; each text is validated as a request of its own) in batches of `batch_size`
+    /// sentences of similar length, and returns the translations in input order: a text the
+    /// server would refuse comes back [`Translation::refused`]. `progress` is told how many
+    /// more texts are done as they finish.
+    pub fn translate(
+        &mut self,
+        texts: &[String],
+        lengths: &[LengthRequest],
+        batch_size: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Vec<Translation>, EngineError> {
+        let mut out: Vec<Option<Translation>> = vec![None; texts.len()];
+        let mut valid: Vec<(usize, ValidText)> = Vec::new();
+        for (i, (text, length)) in texts.iter().zip(lengths).enumerate() {
+            match self.validate(text, *length) {
+                Ok(v) => valid.push((i, v)),
+                Err(EngineError::Invalid(_)) => {
+                    out[i] = Some(Translation::refused(self.refused_tokens(text)?));
+                    progress(1);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut planned: Vec<ValidText> = valid.iter().map(|(_, v)| v.clone()).collect();
+        self.pipeline.plan_blocking(&mut planned)?;
+        let mut pending: Vec<(usize, ValidText)> =
+            valid.into_iter().map(|(i, _)| i).zip(planned).collect();
+        // Longest first: the progress bar's estimate errs on the slow side.
+        pending.sort_by_key(|(i, v)| (std::cmp::Reverse(v.source_tokens), *i));
+        for batch in pending.chunks(batch_size.max(1)) {
+            let decoded = self.decode_batch(batch)?;
+            for ((i, _), translation) in batch.iter().zip(decoded) {
+                out[*i] = Some(translation);
+            }
+            progress(batch.len());
+        }
+        Ok(out.into_iter().map(|t| t.expect("every text")).collect())
+    }
+
+    /// `text` validated as a one-text request.
+    fn validate(&self, text: &str, length: LengthRequest) -> Result<ValidText, EngineError> {
+        let ban = self.pipeline.check_request(1, &length, None)?;
+        self.pipeline
+            .validate_text(0, text.to_string(), length, ban)
+    }
+
+    /// The subwords of a refused text, as it would have been decoded.
+    fn refused_tokens(&self, text: &str) -> Result<usize, EngineError> {
+        let prepared = self
+            .pipeline
+            .codec
+            .prepare(text)
+            .map_err(|message| EngineError::Tokenize { index: 0, message })?;
+        Ok(prepared.ids.len())
+    }
+
+    /// One batch, then one more decode of the texts over their `max_chars`.
+    fn decode_batch(
+        &mut self,
+        batch: &[(usize, ValidText)],
+    ) -> Result<Vec<Translation>, EngineError> {
+        let texts: Vec<&ValidText> = batch.iter().map(|(_, v)| v).collect();
+        let mut translations = self.decode(&texts)?;
+        let retries: Vec<(usize, ValidText)> = texts
+            .iter()
+            .zip(&translations)
+            .enumerate()
+            .filter_map(|(k, (t, tr))| self.pipeline.chars_retry(t, tr).map(|r| (k, r)))
+            .collect();
+        let mut retried: Vec<Option<Translation>> = vec![None; texts.len()];
+        if !retries.is_empty() {
+            let again: Vec<&ValidText> = retries.iter().map(|(_, r)| r).collect();
+            for ((k, _), translation) in retries.iter().zip(self.decode(&again)?) {
+                retried[*k] = Some(translation);
+            }
+        }
+        for (k, (text, translation)) in texts.iter().zip(&mut translations).enumerate() {
+            let index = batch[k].0;
+            self.pipeline
+                .fit_chars(index, text, translation, retried[k].take())?;
+        }
+        Ok(translations)
+    }
+
+    fn decode(&mut self, texts: &[&ValidText]) -> Result<Vec<Translation>, EngineError> {
+        let inputs: Vec<_> = texts
+            .iter()
+            .map(|t| self.pipeline.decode_input(t))
+            .collect();
+        let outputs = greedy_decode(&mut self.backend, self.special, &inputs)?;
+        texts
+            .iter()
+            .zip(&outputs)
+            .enumerate()
+            .map(|(k, (t, output))| self.pipeline.translation(k, t, output))
+            .collect()
+    }
+}

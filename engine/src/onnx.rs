@@ -1,0 +1,532 @@
+//! The ONNX Runtime backend: loading the runtime library, opening the two graphs, checking
+//! them against the decoder-step contract and the manifest ([`crate::contract`]), and
+//! running them.
+//!
+//! Inputs and outputs are always found by name (see `model_package::names`), never by
+//! position.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::{anyhow, bail, Context};
+use model_package::{files, names, Manifest};
+use ndarray::{Array2, Ix2};
+use ort::environment::Environment;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{Session, SessionInputValue};
+use ort::value::{Outlet, Tensor, TensorRef};
+
+use crate::backend::{Backend, BackendError};
+use crate::contract::{check_contract, Layout, Port};
+use crate::slots::{time_room, SlotBuffer};
+
+/// The environment variable naming the ONNX Runtime shared library.
+pub const ORT_DYLIB_ENV: &str = "ORT_DYLIB_PATH";
+
+static ENVIRONMENT: Mutex<Option<Environment>> = Mutex::new(None);
+
+/// Loads ONNX Runtime from `library` (or, when `None`, from `ORT_DYLIB_PATH`, or from
+/// `libonnxruntime.so` on the loader's search path) and creates the process-wide
+/// environment. ONNX Runtime allows one environment per process, so later calls return the
+/// same one and ignore `library`.
+pub fn environment(library: Option<&Path>) -> anyhow::Result<Environment> {
+    let mut slot = ENVIRONMENT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(env) = slot.as_ref() {
+        return Ok(env.clone());
+    }
+    let from_env = std::env::var_os(ORT_DYLIB_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let hint = format!(
+        "set {ORT_DYLIB_ENV} (or --ort-dylib-path) to ONNX Runtime's libonnxruntime.so; \
+         with the PyPI wheel installed, `source scripts/env.sh` does it"
+    );
+    let (path, origin) = match (library, from_env) {
+        (Some(path), _) => (path.to_path_buf(), "--ort-dylib-path or ORT_DYLIB_PATH"),
+        (None, Some(path)) => (path, ORT_DYLIB_ENV),
+        (None, None) => (
+            PathBuf::from("libonnxruntime.so"),
+            "the default library name",
+        ),
+    };
+    if path.components().count() > 1 && !path.exists() {
+        bail!(
+            "ONNX Runtime library not found: {} (from {origin}) does not exist; {hint}",
+            path.display()
+        );
+    }
+    let builder = ort::init_from(&path).map_err(|e| {
+        anyhow!(
+            "cannot load the ONNX Runtime library {} (from {origin}): {e}; {hint}",
+            path.display()
+        )
+    })?;
+    let env = builder
+        .with_name("nmt-server")
+        .build()
+        .map_err(|e| anyhow!("creating the ONNX Runtime environment: {e}"))?;
+    tracing::info!(library = %path.display(), "loaded ONNX Runtime");
+    *slot = Some(env.clone());
+    Ok(env)
+}
+
+/// Where the graphs run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Device {
+    /// CUDA when this ONNX Runtime has it and a GPU answers, otherwise CPU.
+    Auto,
+    Cpu,
+    /// CUDA, falling back to CPU (with a warning) when it cannot be used.
+    Cuda,
+}
+
+/// How the sessions run.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Threads one operator may use. 1 is fastest on small machines: waking a second thread
+    /// across two virtual cores costs more than a small step saves (docs/serving.md).
+    pub intra_op_threads: usize,
+    pub device: Device,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            intra_op_threads: 1,
+            device: Device::Cpu,
+        }
+    }
+}
+
+/// A session builder with the options applied, and the execution provider it got.
+pub(crate) fn session_builder(
+    env: &Environment,
+    options: &SessionOptions,
+) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {
+    use ort::ep::ExecutionProvider;
+    let threads = options.intra_op_threads.max(1);
+    let configure = |e: ort::Error<_>| anyhow!("configuring ONNX Runtime sessions: {e}");
+    let cpu = || -> anyhow::Result<_> {
+        Session::builder(env)
+            .map_err(|e| anyhow!("creating an ONNX Runtime session builder: {e}"))?
+            .with_optimization_level(GraphOptimizationLevel::All)
+            .map_err(configure)?
+            .with_intra_threads(threads)
+            .map_err(configure)?
+            .with_inter_threads(1)
+            .map_err(configure)
+    };
+    if options.device == Device::Cpu {
+        return Ok((cpu()?, "CPU"));
+    }
+    let warn = |reason: String| {
+        if options.device == Device::Cuda {
+            tracing::warn!("CUDA was asked for but {reason}; running on CPU");
+        } else {
+            tracing::info!("{reason}; running on CPU");
+        }
+    };
+    match ort::ep::CUDA::is_available() {
+        Ok(true) => {}
+        Ok(false) => {
+            warn("this ONNX Runtime library has no CUDA execution provider".into());
+            return Ok((cpu()?, "CPU"));
+        }
+        Err(e) => {
+            warn(format!("asking ONNX Runtime for CUDA failed ({e})"));
+            return Ok((cpu()?, "CPU"));
+        }
+    }
+    let cuda = ort::ep::CUDA::default().build().error_on_failure();
+    match cpu()?.with_execution_providers([cuda]) {
+        Ok(builder) => Ok((builder, "CUDA")),
+        Err(e) => {
+            warn(format!("the CUDA execution provider failed to start ({e})"));
+            Ok((cpu()?, "CPU"))
+        }
+    }
+}
+
+/// A graph input or output as [`check_contract`] sees it.
+fn port(outlet: &Outlet) -> Port {
+    Port {
+        name: outlet.name().to_string(),
+        ty: outlet.dtype().tensor_type(),
+        shape: outlet
+            .dtype()
+            .tensor_shape()
+            .map(|s| s.to_vec())
+            .unwrap_or_default(),
+    }
+}
+
+/// Encoder and decoder sessions of one package.
+pub struct OrtBackend {
+    encoder: Session,
+    decoder: Session,
+    layout: Layout,
+    pad_id: i64,
+    execution_provider: &'static str,
+}
+
+/// The slots of a batch: encoder memory and decoder state, each kept in place in a
+/// [`SlotBuffer`], and what the first `width` slots hold.
+#[derive(Default)]
+pub struct OrtRows {
+    /// Aligned with `Layout::memory`; empty until the first row is placed.
+    memory: Vec<SlotBuffer>,
+    /// Aligned with `Layout::states`.
+    state: Vec<SlotBuffer>,
+    width: usize,
+    /// `memory_shapes[m][slot]`: the shape of memory `m`'s row in `slot` (its source's
+    /// length), so the memory's room shrinks when the longest source leaves.
+    memory_shapes: Vec<Vec<Vec<usize>>>,
+}
+
+/// Sentences fresh from the encoder: every memory output, batch-first.
+pub struct OrtEncoded {
+    memory: Vec<ndarray::ArrayD<f32>>,
+    rows: usize,
+}
+
+fn ort_error<R>(context: &str) -> impl FnOnce(ort::Error<R>) -> BackendError + '_ {
+    move |e| BackendError::Inference(format!("{context}: {e}"))
+}
+
+impl OrtBackend {
+    /// Opens `encoder.onnx` and `decoder.onnx` of the package in `dir` and checks them
+    /// against `manifest`.
+    pub fn load(
+        env: &Environment,
+        dir: &Path,
+        manifest: &Manifest,
+        options: &SessionOptions,
+    ) -> anyhow::Result<Self> {
+        let (mut builder, execution_provider) = session_builder(env, options)?;
+        let mut open = |file: &str| -> anyhow::Result<Session> {
+            let path = dir.join(file);
+            builder
+                .commit_from_file(&path)
+                .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", path.display()))
+        };
+        let encoder = open(files::ENCODER)?;
+        let decoder = open(files::DECODER)?;
+        let ports = |outlets: &[Outlet]| outlets.iter().map(port).collect::<Vec<_>>();
+        let layout = check_contract(
+            manifest,
+            &ports(encoder.inputs()),
+            &ports(encoder.outputs()),
+            &ports(decoder.inputs()),
+            &ports(decoder.outputs()),
+        )
+        .with_context(|| format!("model package {}", dir.display()))?;
+        tracing::info!(
+            intra_op_threads = options.intra_op_threads.max(1),
+            execution_provider,
+            memory = ?layout.memory,
+            states = ?layout.states.iter().map(|s| s.spec.name.as_str()).collect::<Vec<_>>(),
+            "opened encoder and decoder"
+        );
+        Ok(OrtBackend {
+            encoder,
+            decoder,
+            layout,
+            pad_id: manifest.pad_id.into(),
+            execution_provider,
+        })
+    }
+
+    /// "CUDA" or "CPU": what the sessions actually run on.
+    pub fn execution_provider(&self) -> &'static str {
+        self.execution_provider
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+}
+
+impl OrtBackend {
+    /// Memory and state buffers for a batch that has none yet.
+    fn allocate(&self, rows: &mut OrtRows, encoded: &OrtEncoded) {
+        if !rows.memory.is_empty() {
+            return;
+        }
+        rows.memory = encoded
+            .memory
+            .iter()
+            .map(|m| SlotBuffer::new(m.ndim() - 1))
+            .collect();
+        rows.memory_shapes = vec![Vec::new(); encoded.memory.len()];
+        rows.state = self
+            .layout
+            .states
+            .iter()
+            .map(|slot| SlotBuffer::new(slot.spec.dims.len() - 1))
+            .collect();
+    }
+
+    /// Gives the memory back the room the longest source in the batch no longer needs.
+    fn fit_memory(rows: &mut OrtRows) {
+        for (buffer, shapes) in rows.memory.iter_mut().zip(&rows.memory_shapes) {
+            let live = &shapes[..rows.width];
+            for axis in 0..buffer.capacity().len() - 1 {
+                let needed = live.iter().map(|s| s[axis]).max().unwrap_or(0);
+                let room = buffer.capacity()[axis + 1];
+                // A quarter of slack spares a copy each time a source a little shorter
+                // than the longest leaves.
+                if room > needed + needed / 4 {
+                    buffer.set_room(axis, needed);
+                }
+            }
+        }
+    }
+}
+
+impl Backend for OrtBackend {
+    type Rows = OrtRows;
+    type Encoded = OrtEncoded;
+
+    fn encode(&mut self, sources: &[&[i64]]) -> Result<OrtEncoded, BackendError> {
+        let batch = sources.len();
+        let len = sources.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
+        let mut ids = vec![self.pad_id; batch * len];
+        let mut mask = vec![0f32; batch * len];
+        for (row, source) in sources.iter().enumerate() {
+            ids[row * len..row * len + source.len()].copy_from_slice(source);
+            mask[row * len..row * len + source.len()].fill(1.0);
+        }
+        let ids = Tensor::from_array(([batch, len], ids)).map_err(ort_error("source_ids"))?;
+        let mask = Tensor::from_array(([batch, len], mask)).map_err(ort_error("source_mask"))?;
+        let outputs = self
+            .encoder
+            .run(ort::inputs! {
+                names::SOURCE_IDS => ids,
+                names::SOURCE_MASK => mask,
+            })
+            .map_err(ort_error("running the encoder"))?;
+        let mut memory = Vec::with_capacity(self.layout.memory.len());
+        for name in &self.layout.memory {
+            let value = outputs.get(name.as_str()).ok_or_else(|| {
+                BackendError::Contract(format!("the encoder did not return `{name}`"))
+            })?;
+            let array = value
+                .try_extract_array::<f32>()
+                .map_err(ort_error("reading the encoder's output"))?;
+            if array.ndim() == 0 || array.shape()[0] != batch {
+                return Err(BackendError::Contract(format!(
+                    "encoder output `{name}` has shape {:?}, expected batch {batch} first",
+                    array.shape()
+                )));
+            }
+            memory.push(array.to_owned());
+        }
+        Ok(OrtEncoded {
+            memory,
+            rows: batch,
+        })
+    }
+
+    fn place(
+        &mut self,
+        rows: &mut OrtRows,
+        new: OrtEncoded,
+        slots: &[usize],
+    ) -> Result<(), BackendError> {
+        if slots.len() != new.rows {
+            return Err(BackendError::Inference(format!(
+                "{} encoded rows for {} slots",
+                new.rows,
+                slots.len()
+            )));
+        }
+        let width = slots
+            .iter()
+            .map(|&s| s + 1)
+            .max()
+            .unwrap_or(0)
+            .max(rows.width);
+        let widened: std::collections::BTreeSet<usize> =
+            slots.iter().copied().filter(|&s| s >= rows.width).collect();
+        if widened.len() != width - rows.width {
+            return Err(BackendError::Inference(format!(
+                "slots {slots:?} leave a hole past the batch's width {}",
+                rows.width
+            )));
+        }
+        self.allocate(rows, &new);
+        for ((buffer, shapes), memory) in rows
+            .memory
+            .iter_mut()
+            .zip(rows.memory_shapes.iter_mut())
+            .zip(&new.memory)
+        {
+            buffer.reserve(width, &memory.shape()[1..]);
+            shapes.resize(width, Vec::new());
+            for (row, &slot) in slots.iter().enumerate() {
+                let row = memory.index_axis(ndarray::Axis(0), row);
+                buffer.write_row(slot, &row);
+                shapes[slot] = row.shape().to_vec();
+            }
+        }
+        for (buffer, slot_spec) in rows.state.iter_mut().zip(&self.layout.states) {
+            let mut row_shape = slot_spec.spec.initial_shape(0)[1..].to_vec();
+            if let Some(axis) = slot_spec.spec.time_axis() {
+                // A cache keeps its room; the new row owns none of its columns yet.
+                row_shape[axis - 1] = buffer.capacity()[axis];
+            }
+            buffer.reserve(width, &row_shape);
+            if slot_spec.spec.time_axis().is_none() {
+                slots.iter().for_each(|&slot| buffer.clear_row(slot));
+            }
+        }
+        rows.width = width;
+        Self::fit_memory(rows);
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        rows: &mut OrtRows,
+        target_ids: &[i64],
+        positions: &[i64],
+        target_lengths: &[i64],
+    ) -> Result<Array2<f32>, BackendError> {
+        let n = rows.width;
+        if target_ids.len() != n || positions.len() != n || target_lengths.len() != n {
+            return Err(BackendError::Inference(format!(
+                "step got {} target ids, {} positions and {} target lengths for {n} rows",
+                target_ids.len(),
+                positions.len(),
+                target_lengths.len()
+            )));
+        }
+        if positions.iter().any(|&p| p < 0) {
+            return Err(BackendError::Inference(format!(
+                "negative position in {positions:?}"
+            )));
+        }
+        // Room for every row's column of this step, and not much more.
+        let needed = positions.iter().map(|&p| p as usize + 1).max().unwrap_or(1);
+        for (buffer, slot) in rows.state.iter_mut().zip(&self.layout.states) {
+            if let Some(axis) = slot.spec.time_axis() {
+                let room = buffer.capacity()[axis];
+                if room < needed || room > 2 * time_room(needed) {
+                    buffer.set_room(axis - 1, time_room(needed));
+                }
+            }
+        }
+        let target =
+            Tensor::from_array(([n], target_ids.to_vec())).map_err(ort_error("target_ids"))?;
+        let position =
+            Tensor::from_array(([n], positions.to_vec())).map_err(ort_error("positions"))?;
+        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(3 + rows.memory.len() + rows.state.len());
+        inputs.push((names::TARGET_IDS.into(), target.into()));
+        inputs.push((names::POSITIONS.into(), position.into()));
+        if self.layout.length_aware {
+            let lengths = Tensor::from_array(([n], target_lengths.to_vec()))
+                .map_err(ort_error("target_lengths"))?;
+            inputs.push((names::TARGET_LENGTHS.into(), lengths.into()));
+        }
+        fn borrow(buffer: &SlotBuffer, n: usize) -> Result<TensorRef<'_, f32>, BackendError> {
+            TensorRef::from_array_view(buffer.view(n)).map_err(ort_error("borrowing a buffer"))
+        }
+        for (name, buffer) in self.layout.memory.iter().zip(&rows.memory) {
+            inputs.push((name.as_str().into(), borrow(buffer, n)?.into()));
+        }
+        for (slot, buffer) in self.layout.states.iter().zip(&rows.state) {
+            inputs.push((slot.past.as_str().into(), borrow(buffer, n)?.into()));
+        }
+        let outputs = self
+            .decoder
+            .run(inputs)
+            .map_err(ort_error("running the decoder"))?;
+
+        let logits = outputs
+            .get(names::LOGITS)
+            .ok_or_else(|| BackendError::Contract("the decoder did not return `logits`".into()))?
+            .try_extract_array::<f32>()
+            .map_err(ort_error("reading logits"))?
+            .into_dimensionality::<Ix2>()
+            .map_err(|e| BackendError::Contract(format!("logits are not 2-D: {e}")))?
+            .to_owned();
+        if logits.nrows() != n {
+            return Err(BackendError::Contract(format!(
+                "logits have shape {:?} for {n} rows",
+                logits.shape()
+            )));
+        }
+        for (slot, buffer) in self.layout.states.iter().zip(rows.state.iter_mut()) {
+            let present = outputs
+                .get(slot.present.as_str())
+                .ok_or_else(|| {
+                    BackendError::Contract(format!("the decoder did not return `{}`", slot.present))
+                })?
+                .try_extract_array::<f32>()
+                .map_err(ort_error("reading the decoder's state"))?;
+            let mut expected = buffer.capacity().to_vec();
+            expected[0] = n;
+            if let Some(axis) = slot.spec.time_axis() {
+                expected[axis] = 1;
+            }
+            if present.shape() != expected.as_slice() {
+                return Err(BackendError::Contract(format!(
+                    "decoder output `{}` has shape {:?}, expected {expected:?}",
+                    slot.present,
+                    present.shape()
+                )));
+            }
+            match slot.spec.time_axis() {
+                Some(axis) => {
+                    for (row, &position) in positions.iter().enumerate() {
+                        let column = present.index_axis(ndarray::Axis(0), row);
+                        buffer.write_column(row, axis - 1, position as usize, &column);
+                    }
+                }
+                None => buffer.assign_rows(&present),
+            }
+        }
+        Ok(logits)
+    }
+
+    fn move_row(&mut self, rows: &mut OrtRows, from: usize, to: usize) -> Result<(), BackendError> {
+        if from >= rows.width || to >= rows.width {
+            return Err(BackendError::Inference(format!(
+                "cannot move slot {from} to {to} in a batch of {}",
+                rows.width
+            )));
+        }
+        for buffer in rows.memory.iter_mut().chain(rows.state.iter_mut()) {
+            buffer.copy_row(from, to);
+        }
+        for shapes in &mut rows.memory_shapes {
+            shapes[to] = shapes[from].clone();
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, rows: &mut OrtRows, width: usize) -> Result<(), BackendError> {
+        rows.width = rows.width.min(width);
+        Self::fit_memory(rows);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_a_clear_error() {
+        // Only meaningful before any environment exists in this process; the unit tests
+        // never create one.
+        let err = environment(Some(Path::new("/nonexistent/libonnxruntime.so.1.31.1")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ONNX Runtime library not found"), "{err}");
+        assert!(err.contains("ORT_DYLIB_PATH"), "{err}");
+    }
+}

@@ -1,0 +1,468 @@
+//! One model's pipeline, written once for every driver: validate → plan → decode input →
+//! respond → fit characters. The server drives it through its scheduler (async, batches
+//! shared with other requests); `nmt-translate` and `nmt-eval` drive it directly
+//! ([`crate::offline::Engine`]). Only the decoding between the steps differs.
+//!
+//! As in text-generation-inference's `validation.rs`, the model only ever sees checked
+//! input: [`Pipeline::validate`] turns texts into [`ValidText`]s (tokenized and within every
+//! limit, with what decoding needs to know about each) before anything is queued.
+
+use serde::{Deserialize, Serialize};
+
+use crate::decode::{DecodeInput, DecodeOutput, StopReason};
+use crate::error::{EngineError, ValidationError};
+use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
+use crate::limits::{LimitSource, RequestLimits};
+use crate::logits::MAX_NO_REPEAT_NGRAM_SIZE;
+use crate::package::{Prepared, Restore, TextCodec};
+
+/// Texts predicted in one batch of the length predictor: in the server, one turn at it
+/// (small enough that others' turns come between a large request's chunks, large enough that
+/// BERT still runs batched); offline, the same chunks, so that both see the same batches and
+/// predict the same lengths.
+pub const PREDICTION_CHUNK: usize = 8;
+
+/// A predicted natural length and what predicted it.
+pub type Prediction = Option<(f64, LengthSource)>;
+
+/// What one served model needs to turn texts into decoder input and decoder output into
+/// translations.
+pub struct Pipeline {
+    pub name: String,
+    pub codec: TextCodec,
+    pub eos_id: u32,
+    /// Whether its decoder plans a length, and how it predicts one.
+    pub length: LengthModel,
+    /// The model's own input bound (absolute positions), EOS not counted; `None` when it has
+    /// none beyond the request limits.
+    pub max_source_tokens: Option<usize>,
+    /// The model's own output bound (manifest `limits.max_target_tokens`).
+    pub max_target_tokens: usize,
+    pub limits: RequestLimits,
+}
+
+/// One text that passed every check, and what its decoding needs.
+#[derive(Clone, Debug)]
+pub struct ValidText {
+    pub text: String,
+    /// Encoder input (EOS appended, as the model was trained).
+    pub source_ids: Vec<i64>,
+    /// Subwords of the text (EOS not counted).
+    pub source_tokens: usize,
+    /// What the translation gets back after decoding (masked placeholders, edges).
+    pub restore: Restore,
+    pub length: LengthRequest,
+    pub no_repeat_ngram_size: usize,
+    /// The length it is decoded for; [`LengthPlan::FREE`] until [`Pipeline::set_plans`].
+    pub plan: LengthPlan,
+}
+
+/// How one translation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The model produced EOS.
+    Eos,
+    /// Decoding stopped at the length budget without EOS.
+    Budget,
+    /// Refused by validation (offline drivers, which score it as an empty translation; the
+    /// server answers the request with the error instead).
+    Refused,
+}
+
+/// One text's translation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Translation {
+    pub text: String,
+    /// Subword tokens of the input (EOS not counted).
+    pub source_tokens: usize,
+    /// Subword tokens of `text` (EOS not counted): what was generated, or what is left of it
+    /// after a `max_chars` cut.
+    pub output_tokens: usize,
+    /// The target length it was decoded for; `None` for free decoding.
+    pub target_length: Option<usize>,
+    pub length_source: Option<LengthSource>,
+    /// The predicted natural length (subwords, unrounded), when a prediction was made.
+    pub predicted_length: Option<f64>,
+    /// How `target_length` was met; `None` for free decoding.
+    pub length_mode: Option<LengthMode>,
+    /// Longer than `max_chars`, so cut at the last word boundary that fits.
+    pub truncated: bool,
+    pub outcome: Outcome,
+}
+
+impl Translation {
+    /// What an offline driver records for a text validation refused.
+    pub fn refused(source_tokens: usize) -> Self {
+        Translation {
+            text: String::new(),
+            source_tokens,
+            output_tokens: 0,
+            target_length: None,
+            length_source: None,
+            predicted_length: None,
+            length_mode: None,
+            truncated: false,
+            outcome: Outcome::Refused,
+        }
+    }
+}
+
+/// The encoder input of a text's subword `ids`: EOS appended, as the model was trained.
+pub fn source_ids(ids: &[u32], eos_id: u32) -> Vec<i64> {
+    ids.iter()
+        .map(|&id| i64::from(id))
+        .chain([i64::from(eos_id)])
+        .collect()
+}
+
+impl Pipeline {
+    /// The input limit that applies, and whose it is.
+    pub fn input_limit(&self) -> (usize, LimitSource) {
+        self.limits.input_limit(self.max_source_tokens)
+    }
+
+    /// Most tokens generated per text.
+    pub fn max_output(&self) -> usize {
+        self.limits.max_output(self.max_target_tokens)
+    }
+
+    /// Checks what applies to a request as a whole: its text count, its length ask and its
+    /// n-gram ban; returns the ban that applies.
+    pub fn check_request(
+        &self,
+        texts: usize,
+        length: &LengthRequest,
+        no_repeat_ngram_size: Option<usize>,
+    ) -> Result<usize, ValidationError> {
+        if texts == 0 {
+            return Err(ValidationError::NoTexts);
+        }
+        let limit = self.limits.max_texts_per_request;
+        if texts > limit {
+            return Err(ValidationError::TooManyTexts {
+                count: texts,
+                limit,
+            });
+        }
+        self.length.check(length, &self.name, self.max_output())?;
+        match no_repeat_ngram_size {
+            Some(size) if size > MAX_NO_REPEAT_NGRAM_SIZE => {
+                Err(ValidationError::NgramSizeTooLarge { size })
+            }
+            Some(size) => Ok(size),
+            None => Ok(self.limits.no_repeat_ngram_size),
+        }
+    }
+
+    /// Tokenizes text `index` of a request whose whole was checked by
+    /// [`Pipeline::check_request`], and checks it against the input limit.
+    pub fn validate_text(
+        &self,
+        index: usize,
+        text: String,
+        length: LengthRequest,
+        no_repeat_ngram_size: usize,
+    ) -> Result<ValidText, EngineError> {
+        if text.trim().is_empty() {
+            return Err(ValidationError::EmptyText { index }.into());
+        }
+        let Prepared { ids, restore } = self
+            .codec
+            .prepare(&text)
+            .map_err(|message| EngineError::Tokenize { index, message })?;
+        let (limit, limit_source) = self.input_limit();
+        if ids.len() > limit {
+            return Err(ValidationError::InputTooLong {
+                index,
+                tokens: ids.len(),
+                limit,
+                limit_source,
+                model: self.name.clone(),
+            }
+            .into());
+        }
+        Ok(ValidText {
+            source_ids: source_ids(&ids, self.eos_id),
+            source_tokens: ids.len(),
+            text,
+            restore,
+            length,
+            no_repeat_ngram_size,
+            plan: LengthPlan::FREE,
+        })
+    }
+
+    /// Checks a request and tokenizes its texts; the first refusal wins.
+    pub fn validate(
+        &self,
+        texts: Vec<String>,
+        length: LengthRequest,
+        no_repeat_ngram_size: Option<usize>,
+    ) -> Result<Vec<ValidText>, EngineError> {
+        let ban = self.check_request(texts.len(), &length, no_repeat_ngram_size)?;
+        texts
+            .into_iter()
+            .enumerate()
+            .map(|(i, text)| self.validate_text(i, text, length, ban))
+            .collect()
+    }
+
+    /// Whether `text` gets a prediction (see [`length::needs_prediction`]).
+    pub fn needs_prediction(&self, text: &ValidText) -> bool {
+        length::needs_prediction(&text.length, &self.length)
+    }
+
+    /// The linear fit's length of each text: cheap, what stands in for a prediction when
+    /// the predictor cannot take a text soon.
+    pub fn fit(&self, texts: &[ValidText]) -> Vec<Prediction> {
+        let tokens: Vec<usize> = texts.iter().map(|t| t.source_tokens).collect();
+        self.length.fit(&tokens)
+    }
+
+    /// The predicted natural length of each text. Blocking: a neural network may run.
+    pub fn predict(&self, texts: &[ValidText]) -> Result<Vec<Prediction>, EngineError> {
+        let words: Vec<&str> = texts.iter().map(|t| t.text.as_str()).collect();
+        let tokens: Vec<usize> = texts.iter().map(|t| t.source_tokens).collect();
+        self.length
+            .predict(&words, &tokens)
+            .map_err(|e| EngineError::Predict(format!("{e:#}")))
+    }
+
+    /// The plan `text` gets with `predicted` (used only where a prediction is needed).
+    pub fn plan(&self, text: &ValidText, predicted: Prediction) -> LengthPlan {
+        let predicted = predicted.filter(|_| self.needs_prediction(text));
+        length::plan(
+            &text.length,
+            &self.length,
+            text.source_tokens,
+            predicted,
+            self.max_output(),
+        )
+    }
+
+    /// Plans every text; `predicted[i]` is text `i`'s prediction.
+    pub fn set_plans(&self, texts: &mut [ValidText], predicted: Vec<Prediction>) {
+        for (text, p) in texts.iter_mut().zip(predicted) {
+            text.plan = self.plan(text, p);
+        }
+    }
+
+    /// Predicts where needed (in one batch) and plans every text: for drivers that may block.
+    pub fn plan_blocking(&self, texts: &mut [ValidText]) -> Result<(), EngineError> {
+        let needing: Vec<usize> = (0..texts.len())
+            .filter(|&i| self.needs_prediction(&texts[i]))
+            .collect();
+        let asked: Vec<ValidText> = needing.iter().map(|&i| texts[i].clone()).collect();
+        let mut predicted = vec![None; texts.len()];
+        for (indices, chunk) in needing
+            .chunks(PREDICTION_CHUNK)
+            .zip(asked.chunks(PREDICTION_CHUNK))
+        {
+            for (&i, p) in indices.iter().zip(self.predict(chunk)?) {
+                predicted[i] = p;
+            }
+        }
+        self.set_plans(texts, predicted);
+        Ok(())
+    }
+
+    /// What the decode loop takes for `text` under its plan.
+    pub fn decode_input(&self, text: &ValidText) -> DecodeInput {
+        self.decode_input_for(text, &text.plan)
+    }
+
+    /// What the decode loop takes for `text` under `plan` (admission checks a stand-in plan
+    /// before the real one is made).
+    pub fn decode_input_for(&self, text: &ValidText, plan: &LengthPlan) -> DecodeInput {
+        DecodeInput {
+            no_repeat_ngram_size: text.no_repeat_ngram_size,
+            ..length::decode_input(
+                text.source_ids.clone(),
+                text.source_tokens,
+                plan,
+                text.length.mode,
+                self.length.length_aware,
+                &self.limits,
+                self.max_output(),
+            )
+        }
+    }
+
+    /// The translation of text `index` from what the decode loop produced for it.
+    pub fn translation(
+        &self,
+        index: usize,
+        text: &ValidText,
+        output: &DecodeOutput,
+    ) -> Result<Translation, EngineError> {
+        let detokenized = self
+            .codec
+            .finish(&output.ids, &text.restore)
+            .map_err(|message| EngineError::Detokenize { index, message })?;
+        Ok(Translation {
+            text: detokenized,
+            source_tokens: text.source_tokens,
+            output_tokens: output.ids.len(),
+            target_length: text.plan.target,
+            length_source: text.plan.source,
+            predicted_length: text.plan.predicted,
+            length_mode: text.plan.target.map(|_| text.length.mode),
+            truncated: false,
+            outcome: match output.stop {
+                StopReason::Eos => Outcome::Eos,
+                StopReason::MaxLength => Outcome::Budget,
+            },
+        })
+    }
+
+    /// For a translation over its `max_chars`, the same text planned for proportionally
+    /// fewer subwords: decode it once more, then give both to [`Pipeline::fit_chars`].
+    pub fn chars_retry(&self, text: &ValidText, translation: &Translation) -> Option<ValidText> {
+        let max_chars = text.length.max_chars?;
+        let chars = translation.text.chars().count();
+        (chars > max_chars).then(|| ValidText {
+            plan: length::shorter_plan(&text.plan, translation.output_tokens, chars, max_chars),
+            ..text.clone()
+        })
+    }
+
+    /// Meets `max_chars` for text `index`: keeps the retry (see [`Pipeline::chars_retry`])
+    /// when it is shorter, then cuts what is still over at the last word boundary that fits.
+    pub fn fit_chars(
+        &self,
+        index: usize,
+        text: &ValidText,
+        translation: &mut Translation,
+        retried: Option<Translation>,
+    ) -> Result<(), EngineError> {
+        let Some(max_chars) = text.length.max_chars else {
+            return Ok(());
+        };
+        let chars = |t: &Translation| t.text.chars().count();
+        if let Some(retried) = retried {
+            if chars(&retried) < chars(translation) {
+                *translation = retried;
+            }
+        }
+        if let Some(cut) = length::cut_to_chars(&translation.text, max_chars) {
+            // The client is told the length of what it gets, not of what was decoded.
+            translation.output_tokens = self
+                .codec
+                .encode(&cut)
+                .map_err(|message| EngineError::Tokenize { index, message })?
+                .len();
+            translation.text = cut;
+            translation.truncated = true;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::length::TargetLength;
+    use crate::testing::{self, SPECIAL};
+
+    fn pipeline(limits: RequestLimits) -> Pipeline {
+        Pipeline {
+            name: "dev-copy".into(),
+            codec: TextCodec::new(testing::tokenizer()),
+            eos_id: SPECIAL.eos,
+            length: LengthModel::without_prediction(false),
+            max_source_tokens: Some(3),
+            max_target_tokens: 64,
+            limits,
+        }
+    }
+
+    #[test]
+    fn validation_names_the_text_and_the_limit() {
+        let p = pipeline(RequestLimits {
+            max_texts_per_request: 2,
+            ..RequestLimits::default()
+        });
+        let texts = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let none = LengthRequest::default();
+        let err = |r: Result<Vec<ValidText>, EngineError>| match r {
+            Err(EngineError::Invalid(e)) => e,
+            other => panic!("{:?}", other.map(|v| v.len())),
+        };
+        assert_eq!(
+            err(p.validate(vec![], none, None)),
+            ValidationError::NoTexts
+        );
+        assert!(matches!(
+            err(p.validate(texts(&["a", "b", "c"]), none, None)),
+            ValidationError::TooManyTexts { count: 3, limit: 2 }
+        ));
+        assert_eq!(
+            err(p.validate(texts(&["hello", " \n"]), none, None)),
+            ValidationError::EmptyText { index: 1 }
+        );
+        let long = err(p.validate(texts(&["the cat sat on the mat"]), none, None));
+        assert!(matches!(
+            long,
+            ValidationError::InputTooLong {
+                index: 0,
+                tokens: 6,
+                limit: 3,
+                limit_source: LimitSource::Model,
+                ..
+            }
+        ));
+        assert!(long.to_string().contains("model `dev-copy`"), "{long}");
+        assert!(matches!(
+            err(p.validate(texts(&["hello"]), none, Some(65))),
+            ValidationError::NgramSizeTooLarge { size: 65 }
+        ));
+        let exact = LengthRequest {
+            target: Some(TargetLength::Tokens(2)),
+            mode: LengthMode::Exact,
+            max_chars: None,
+        };
+        let valid = p.validate(texts(&["hello world"]), exact, None).unwrap();
+        assert_eq!(valid[0].source_ids, vec![4, 5, i64::from(SPECIAL.eos)]);
+        assert_eq!(
+            valid[0].no_repeat_ngram_size,
+            RequestLimits::default().no_repeat_ngram_size
+        );
+    }
+
+    #[test]
+    fn a_cut_reports_the_subwords_it_kept() {
+        let p = Pipeline {
+            max_source_tokens: None,
+            ..pipeline(RequestLimits::default())
+        };
+        let ask = LengthRequest {
+            target: Some(TargetLength::Tokens(4)),
+            mode: LengthMode::Exact,
+            max_chars: Some(9),
+        };
+        let mut texts = p
+            .validate(vec!["one two three four".into()], ask, None)
+            .unwrap();
+        p.plan_blocking(&mut texts).unwrap();
+        assert_eq!(
+            texts[0].plan.target,
+            Some(2),
+            "max_chars 9 caps the plan at 9/4 subwords"
+        );
+        let output = DecodeOutput {
+            ids: vec![24, 25, 26, 27],
+            stop: StopReason::MaxLength,
+        };
+        let mut translation = p.translation(0, &texts[0], &output).unwrap();
+        assert_eq!(translation.text, "one two three four");
+        let retry = p
+            .chars_retry(&texts[0], &translation)
+            .expect("over max_chars");
+        assert!(retry.plan.target.unwrap() < 4);
+        p.fit_chars(0, &texts[0], &mut translation, None).unwrap();
+        assert_eq!(translation.text, "one two");
+        assert_eq!(translation.output_tokens, 2);
+        assert!(translation.truncated);
+    }
+}

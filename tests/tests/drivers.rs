@@ -1,0 +1,170 @@
+//! One engine, three drivers: `nmt-server` over HTTP (the pipeline through its scheduler),
+//! the engine driven directly (`nmt_engine::Engine`, what `nmt-eval` and the benchmarks use)
+//! and the `nmt-translate` binary answer the same requests on the shipped package with the
+//! same translations, subword counts and length fields, `max_chars` cuts included.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{post_translate, shipped_package, start_server, translate_cli, wait_until_ready};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+use nmt_engine::onnx::Device;
+use nmt_engine::{Engine, EngineOptions, Outcome, RequestLimits, Translation};
+use serde_json::{json, Value};
+
+const TEXTS: [&str; 5] = [
+    "Jesus wept.",
+    "In the beginning God created the heavens and the earth.",
+    "Daniel answered the king, and said, Let thy gifts be to thyself, and give thy rewards to another.",
+    "I thank my God upon every remembrance of you.",
+    "Rejoice in the Lord alway: and again I say, Rejoice.",
+];
+
+/// A request's length fields, as JSON and as the engine takes them, and as nmt-translate's
+/// flags.
+struct Ask {
+    json: Value,
+    length: LengthRequest,
+    flags: Vec<&'static str>,
+}
+
+fn asks() -> Vec<Ask> {
+    let ask = |target, mode, max_chars| LengthRequest {
+        target,
+        mode,
+        max_chars,
+    };
+    vec![
+        Ask {
+            json: json!({}),
+            length: LengthRequest::default(),
+            flags: vec![],
+        },
+        Ask {
+            json: json!({ "target_length": 6, "length_mode": "exact" }),
+            length: ask(Some(TargetLength::Tokens(6)), LengthMode::Exact, None),
+            flags: vec!["--target-length", "6", "--length-mode", "exact"],
+        },
+        Ask {
+            json: json!({ "target_length": "source" }),
+            length: ask(Some(TargetLength::Source), LengthMode::Soft, None),
+            flags: vec!["--target-length", "source"],
+        },
+        Ask {
+            json: json!({ "target_length": "auto" }),
+            length: ask(Some(TargetLength::Auto), LengthMode::Soft, None),
+            flags: vec!["--target-length", "auto"],
+        },
+        // Short enough that the long texts are decoded again and cut.
+        Ask {
+            json: json!({ "max_chars": 30 }),
+            length: ask(None, LengthMode::Soft, Some(30)),
+            flags: vec!["--max-chars", "30"],
+        },
+    ]
+}
+
+/// What the three drivers must agree on, from the server's JSON (absent fields are `None`).
+#[derive(Debug, PartialEq)]
+struct Fields {
+    text: String,
+    source_tokens: u64,
+    output_tokens: u64,
+    target_length: Option<u64>,
+    length_source: Option<String>,
+    length_mode: Option<String>,
+    truncated: bool,
+}
+
+fn from_server(t: &Value) -> Fields {
+    Fields {
+        text: t["text"].as_str().unwrap().to_string(),
+        source_tokens: t["source_tokens"].as_u64().unwrap(),
+        output_tokens: t["output_tokens"].as_u64().unwrap(),
+        target_length: t["target_length"].as_u64(),
+        length_source: t["length_source"].as_str().map(str::to_string),
+        length_mode: t["length_mode"].as_str().map(str::to_string),
+        truncated: t["truncated"].as_bool().unwrap_or(false),
+    }
+}
+
+fn from_engine(t: &Translation) -> Fields {
+    let name = |v: Value| v.as_str().map(str::to_string);
+    Fields {
+        text: t.text.clone(),
+        source_tokens: t.source_tokens as u64,
+        output_tokens: t.output_tokens as u64,
+        target_length: t.target_length.map(|n| n as u64),
+        length_source: t.length_source.and_then(|s| name(json!(s))),
+        length_mode: t.length_mode.and_then(|m| name(json!(m))),
+        truncated: t.truncated,
+    }
+}
+
+fn translate_lines(flags: &[&str], input: &str) -> Vec<String> {
+    let mut args = vec!["--quiet", "--batch-size", "2"];
+    args.extend_from_slice(flags);
+    let output = translate_cli(&args, input);
+    assert!(
+        output.status.success(),
+        "nmt-translate {flags:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_the_engine_and_nmt_translate_answer_alike() {
+    let package = shipped_package();
+    let server = start_server(&[&package], &[]);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    let options = EngineOptions {
+        device: Device::Cpu,
+        intra_op_threads: 1,
+        ort_dylib_path: std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from),
+        beyond_input_limit: false,
+        limits: RequestLimits::default(),
+        placeholder_masking: true,
+    };
+    let mut engine = Engine::load(&package, &options).expect("the shipped package loads");
+    let texts: Vec<String> = TEXTS.iter().map(|t| t.to_string()).collect();
+    let mut cuts = 0;
+    for ask in asks() {
+        let mut body = ask.json.clone();
+        body["text"] = json!(TEXTS);
+        let response = post_translate(&client, &server, &body).await;
+        assert_eq!(response.status(), 200, "{body}");
+        let answer: Value = response.json().await.unwrap();
+        let served: Vec<Fields> = answer["translations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(from_server)
+            .collect();
+
+        // A batch smaller than the request: batching must not change a translation.
+        let lengths = vec![ask.length; texts.len()];
+        let direct = engine
+            .translate(&texts, &lengths, 2, &mut |_| {})
+            .expect("the engine translates");
+        assert!(direct.iter().all(|t| t.outcome != Outcome::Refused));
+        let direct: Vec<Fields> = direct.iter().map(from_engine).collect();
+        assert_eq!(direct, served, "engine vs server for {}", ask.json);
+
+        let lines = translate_lines(&ask.flags, &TEXTS.join("\n"));
+        let served_texts: Vec<&str> = served.iter().map(|f| f.text.as_str()).collect();
+        assert_eq!(
+            lines, served_texts,
+            "nmt-translate vs server for {}",
+            ask.json
+        );
+        cuts += served.iter().filter(|f| f.truncated).count();
+    }
+    assert!(cuts > 0, "max_chars 30 cut at least one translation");
+}

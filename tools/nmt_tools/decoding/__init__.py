@@ -1,0 +1,1 @@
+"""Where a decoder step's time goes, measured through ONNX Runtime."""

@@ -1,0 +1,1 @@
+"""Checks of a running server (catalogs, probes) and the nmt-eval wrapper."""

@@ -1,0 +1,1 @@
+"""Int8 against float32, through this engine."""

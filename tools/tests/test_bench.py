@@ -1,0 +1,123 @@
+"""The benchmarks' planning and reports, without a model or a CTranslate2 install."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from nmt_tools.ct2 import cells, compare, convert, report, worker
+from nmt_tools.int8 import presets
+from nmt_tools.server import Limit
+
+BENCHMARKS = REPO / "docs" / "benchmarks"
+LIMITS = {
+    "--max-length-ratio": Limit("--max-length-ratio", "NMT_MAX_LENGTH_RATIO", 2.0),
+    "--max-length-offset": Limit("--max-length-offset", "NMT_MAX_LENGTH_OFFSET", 10),
+}
+
+
+def compare_args(*argv: str) -> argparse.Namespace:
+    return compare.parse_args(["--package", "pkg", *argv])
+
+
+def test_cells_of_a_run() -> None:
+    args = compare_args("--ct2-threads", "1", "--our-threads", "1", "--our-threads-one", "1", "--server-threads", "1")
+    planned = cells.cells_for(args, {"float32": "/p/f32", "int8": "/p/i8"})
+    ids = [c["id"] for c in planned]
+    assert ids[:5] == [
+        "ct2-float32-one-inter1-intra1",
+        "engine-float32-one-t1",
+        "server-float32-one-t1",
+        "ct2-float32-concurrent-inter1-intra1",
+        "ct2-float32-concurrent-inter2-intra1",
+    ]
+    assert "server-int8-concurrent-t1-w2" in ids and len(ids) == len(set(ids))
+    # Without an int8 package, CTranslate2 still runs int8 (its own quantization).
+    only_f32 = [c["id"] for c in cells.cells_for(args, {"float32": "/p/f32"})]
+    assert "ct2-int8-batch-inter1-intra1" in only_f32 and not any(i.startswith("engine-int8") for i in only_f32)
+
+
+def test_ct2_workers_get_the_servers_limits() -> None:
+    args = compare_args()
+    cell = cells.cells_for(args, {"float32": "/p/f32"})[0]
+    command = cells.worker_command(cell, args, Path("/w/ct2-model"), LIMITS)
+    assert command[1:3] == ["-m", "nmt_tools.ct2.worker"]
+    assert command[-4:] == ["--max-length-ratio", "2.0", "--max-length-offset", "10"]
+    parsed = worker.parser().parse_args(command[3:] + ["--max-input-tokens", "1024", "--max-output-tokens", "1024"])
+    assert parsed.max_length_ratio == 2.0 and parsed.mode == "one"
+
+
+def test_a_pass_reports_refusals() -> None:
+    outcomes = [worker.Outcome("hola", 3, False, False), worker.REFUSED, worker.Outcome("x", 5, True, False)]
+    answer = worker.pass_answer(outcomes, 2.0)
+    assert answer == {
+        "sentences": 3,
+        "output_tokens": 8,
+        "seconds": 2.0,
+        "errors": 1,
+        "hit_budget": 1,
+        "error": "1 inputs refused",
+    }
+
+
+def test_ct2_page_from_a_recorded_run() -> None:
+    recorded = json.loads((BENCHMARKS / "ctranslate2.json").read_text())
+    page = report.markdown(recorded)
+    assert page.startswith("# This server against CTranslate2, same weights\n")
+    assert "Written by `python3 -m nmt_tools.ct2.compare`" in page
+    assert "| CTranslate2 | float32 | intra 1 |" in page
+    assert report.ratios(recorded) == recorded["ratios"]
+    assert report.agreement(["a", "b", "c"], ["a", "x"]) == {"agree": 1, "of": 3, "differ": [1, 2]}
+
+
+def test_int8_page_is_what_the_recorded_run_renders() -> None:
+    recorded = json.loads((BENCHMARKS / "int8-presets.json").read_text())
+    assert presets.markdown(recorded) == (BENCHMARKS / "int8-presets.md").read_text()
+
+
+def test_conversion_refuses_what_ctranslate2_cannot_compute() -> None:
+    plain = {
+        "preset": "rel-transformer",
+        "architecture": "transformer",
+        "norm": "pre",
+        "recurrent_position": "none",
+        "length_encoding": "none",
+        "absolute_position": "none",
+        "relative_attention": "keys_values",
+    }
+    convert.supported(plain)
+    with pytest.raises(convert.Refused, match="length_encoding"):
+        convert.supported(plain | {"length_encoding": "ldpe"})
+    with pytest.raises(convert.Refused, match="keys_only"):
+        convert.supported(plain | {"relative_attention": "keys_only"})
+
+
+def test_vocabulary_of_a_unigram_tokenizer(tmp_path: Path) -> None:
+    tokenizer = tmp_path / "tokenizer.json"
+    model = {"type": "Unigram", "vocab": [["<pad>", 0], ["<s>", 0], ["▁a", -1.0]]}
+    tokenizer.write_text(json.dumps({"model": model, "added_tokens": [{"id": 1, "content": "<s>"}]}))
+    assert convert.vocabulary(tokenizer, 3) == ["<pad>", "<s>", "▁a"]
+    with pytest.raises(ValueError, match="pieces"):
+        convert.vocabulary(tokenizer, 4)
+
+
+def test_sinusoid_table_interleaves_sin_and_cos() -> None:
+    np = pytest.importorskip("numpy")
+    table = convert.sinusoid_table(np.array([1.0, 0.5], dtype=np.float32), 3)
+    assert table.shape == (3, 4)
+    assert np.allclose(table[2], [np.sin(2.0), np.cos(2.0), np.sin(1.0), np.cos(1.0)])
+
+
+def test_dispatch_floor_runs_on_onnx_runtime() -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from nmt_tools.decoding import step_floor
+
+    model, feeds = step_floor.dispatch_chain(6, 8)
+    session = step_floor.session(model)
+    assert session.run(None, feeds)[0].shape == (1, 8)
+    assert step_floor.time_runs(session, feeds, 20) > 0

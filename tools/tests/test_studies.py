@@ -1,0 +1,101 @@
+"""The studies' pages from a small study on disk, against pages the scripts wrote before
+their prose moved into templates (tests/golden/, written from the same fixture), and the
+template syntax."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+import study_fixture as fx
+from conftest import TESTS
+
+from nmt_tools.studies import length_generalization, length_study, position_study
+from nmt_tools.studies.template import Template
+
+GOLDEN = TESTS / "golden"
+
+
+@pytest.fixture
+def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fixture study in a working directory of its own, with a fixed commit and CPU."""
+    fx.write_study(tmp_path)
+    fx.write_length_study(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(position_study, "short_commit", lambda: "abc1234")
+    monkeypatch.setattr(position_study, "cpu_model", lambda: "Test CPU")
+    return tmp_path
+
+
+def test_position_study_page(study: Path) -> None:
+    argv = ["report", "study", "docs/position-study.md", "--record", "record", "--cap", str(fx.CAP)]
+    argv += ["--terciles", *map(str, fx.TERCILES), "--steps", "1500", "--models", *fx.MODELS]
+    argv += ["--thirds-models", *fx.THIRDS_MODELS]
+    assert position_study.main(argv) == 0
+    page = (study / "docs" / "position-study.md").read_text()
+    assert page == (GOLDEN / "position-study.md").read_text()
+    assert (study / "docs" / "position-study" / "bleu-by-length-all.png").exists()
+
+
+def test_length_encodings_page(study: Path) -> None:
+    (study / "docs").mkdir()
+    argv = ["length-encodings", "study", "docs/length-encodings.md", "--record", "record", "--steps", "1500"]
+    assert position_study.main([*argv, "--models", *fx.LENGTH_MODELS]) == 0
+    assert (study / "docs" / "length-encodings.md").read_text() == (GOLDEN / "length-encodings.md").read_text()
+
+
+def test_length_study_page(study: Path) -> None:
+    page = length_study.markdown(Path("out"), "runs/pkg/baseline", "models/aware", fx.PULLS, "A note.")
+    assert page == (GOLDEN / "length-control.md").read_text()
+
+
+def test_a_study_without_evaluations_says_so(study: Path) -> None:
+    for folder in (study / "study").iterdir():
+        if folder.name != "eval-all":
+            for report in folder.glob("report.json"):
+                os.remove(report)
+    argv = ["report", "study", "docs/p.md", "--record", "record", "--cap", "32", "--terciles", "20", "35"]
+    position_study.main([*argv, "--steps", "9", "--models", "transformer", "--thirds-models", "transformer"])
+    page = (study / "docs" / "p.md").read_text()
+    assert "10. **Trained on a third" in page and "not measured yet" in page
+    assert "## (b)" not in page
+
+
+def test_template_blocks_and_papers() -> None:
+    t = Template("preamble\n<!-- block a -->\nx $value, $paper_one\n\n<!-- block paper-one -->\nOne et al.\n")
+    assert t.text("a", value=3) == "x 3, One et al."
+    assert t.lines("paper-one") == ["One et al."]
+    with pytest.raises(KeyError, match="needs a value"):
+        t.text("a")
+    with pytest.raises(KeyError, match="no block"):
+        t.text("b")
+
+
+def test_repository_templates_have_every_block_the_code_uses() -> None:
+    """Every block name the module renders (a literal argument of `t.text` or `t.lines`) is in
+    one of the shipped templates."""
+    tree = ast.parse(Path(position_study.__file__).read_text())
+    used = {
+        constant.value
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in ("text", "lines")
+        and call.args
+        for constant in ast.walk(call.args[0])
+        if isinstance(constant, ast.Constant) and isinstance(constant.value, str)
+    }
+    known: set[str] = set()
+    for name in position_study.TEMPLATE_FILES.values():
+        known |= set(Template.load(fx.REPO / position_study.TEMPLATES / name).blocks)
+    assert len(used) > 30
+    assert used <= known
+
+
+def test_copy_task_scores() -> None:
+    exact, per_position, mean_length = length_generalization.scores(["a b c", "d e"], ["a b c", "d x y"])
+    assert exact == 0.5
+    assert per_position == 4 / 5
+    assert mean_length == 3.0
