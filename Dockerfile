@@ -17,9 +17,11 @@ COPY Cargo.toml Cargo.lock ./
 COPY model-package model-package
 COPY train train
 COPY model-export model-export
+COPY engine engine
 COPY server server
 COPY translate translate
 COPY eval eval
+COPY testkit testkit
 COPY bench bench
 COPY tests tests
 COPY proto proto

@@ -1,30 +1,47 @@
-//! Closed-loop load: `clients` tasks, each sending its next request as soon as the previous
-//! one has come back.
+//! The clients: their runtime and HTTP client, the request bodies, and closed-loop load
+//! (`clients` tasks, each sending its next request as soon as the previous one has come back).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Deserialize;
+use nmt_server::TranslateResponse;
 
 use crate::stats::{Outcome, Sample};
 
-/// Body of a 200 from `POST /translate`.
-#[derive(Debug, Deserialize)]
-pub struct TranslateResponse {
-    pub model: String,
-    pub translations: Vec<Translation>,
+/// One `{"text": verse}` body per input.
+pub fn request_bodies(verses: &[String]) -> Arc<Vec<String>> {
+    Arc::new(
+        verses
+            .iter()
+            .map(|v| serde_json::json!({ "text": v }).to_string())
+            .collect(),
+    )
 }
 
-/// One element of [`TranslateResponse::translations`].
-#[derive(Debug, Deserialize)]
-pub struct Translation {
-    #[allow(dead_code)]
-    pub text: String,
-    #[allow(dead_code)]
-    pub source_tokens: u64,
-    pub output_tokens: u64,
+/// The clients' runtime: few threads, since they take CPU from the server on the same machine.
+pub fn client_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?)
+}
+
+/// The clients' HTTP client: up to `pool_max_idle_per_host` connections kept open for
+/// `pool_idle_timeout` once idle, so that clients reuse them instead of reconnecting; no
+/// Nagle delay on the small requests; no proxy between the bench and the server.
+pub fn http_client(
+    pool_max_idle_per_host: usize,
+    pool_idle_timeout: Duration,
+) -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .pool_max_idle_per_host(pool_max_idle_per_host)
+        .pool_idle_timeout(pool_idle_timeout)
+        .tcp_nodelay(true)
+        .no_proxy()
+        .build()?)
 }
 
 /// One (mode, clients) cell to run.
@@ -236,7 +253,7 @@ pub async fn post_translate(
     }
     match serde_json::from_slice::<TranslateResponse>(&bytes) {
         Ok(r) => Reply::Translated {
-            output_tokens: r.translations.iter().map(|t| t.output_tokens).sum(),
+            output_tokens: r.translations.iter().map(|t| t.output_tokens as u64).sum(),
             model: r.model,
         },
         Err(_) => Reply::Failed("bad body".to_string()),

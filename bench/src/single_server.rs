@@ -7,16 +7,17 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use nmt_testkit::{ApiClient, ServerProcess};
 use serde::Serialize;
 
+use crate::cli::{interrupted, CommonArgs, Durations};
 use crate::overload::report::cpu_model;
 use crate::overload::{parse_fields, RequestFields};
-use crate::report::{shell_join, utc_now};
-use crate::server::{log_tail, server_args, Server};
-use crate::{interrupted, log_paths, nproc, start_server, warn_without_ort, CommonArgs, Durations};
+use crate::report::{nproc, shell_join, utc_now};
+use crate::server::{log_paths, server_args, start_ready, warn_without_ort};
 
 /// The options every benchmark against one server takes besides its own: which server, and
 /// what every request carries beside its text.
@@ -61,27 +62,22 @@ pub struct ServerSource {
 /// The server the bench started, if it did (none with `--url`). Dropping it stops that
 /// server, so an interruption, which drops the whole run, leaves no server behind.
 #[derive(Debug)]
-pub struct StartedServer(Option<Server>);
+pub struct StartedServer(Option<ServerProcess>);
 
 impl StartedServer {
     /// Fails when the server the bench started has exited: what was measured after that is
     /// not the server's. Measurements call it after each step.
     pub fn check_alive(&mut self) -> Result<()> {
-        if let Some(server) = self.0.as_mut() {
-            if let Some(status) = server.try_wait()? {
-                bail!(
-                    "the server exited ({status}); its log:\n{}",
-                    log_tail(&server.log_path)
-                );
-            }
+        match &self.0 {
+            Some(server) => server.ensure_running(""),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Stops the started server, giving it 30 s to shut down gracefully, and says how it
     /// ended. Off the async threads: stopping waits for the process.
     async fn stop(self) {
-        if let Some(mut s) = self.0 {
+        if let Some(s) = self.0 {
             match tokio::task::spawn_blocking(move || s.stop(Duration::from_secs(30))).await {
                 Ok(Ok(status)) => eprintln!("server stopped: {status}"),
                 Ok(Err(e)) => eprintln!("server stop failed: {e:#}"),
@@ -187,11 +183,13 @@ impl ServerSource {
     async fn reach(&self, client: &reqwest::Client, started: &mut StartedServer) -> Result<String> {
         match &self.url {
             Some(url) => {
-                check_ready(client, url, self.startup_timeout).await?;
+                ApiClient::new(client.clone(), url)
+                    .wait_ready(self.startup_timeout)
+                    .await?;
                 Ok(url.clone())
             }
             None => {
-                let server = start_server(
+                let server = start_ready(
                     client,
                     &self.bin,
                     &self.args,
@@ -199,38 +197,11 @@ impl ServerSource {
                     self.startup_timeout,
                 )
                 .await?;
-                let url = server.base_url.clone();
+                let url = server.base_url().to_string();
                 started.0 = Some(server);
                 Ok(url)
             }
         }
-    }
-}
-
-/// Polls `GET /ready` (or `/health` where there is no `/ready`) of an already running server
-/// until it answers 200.
-async fn check_ready(client: &reqwest::Client, base_url: &str, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    let mut path = "/ready";
-    loop {
-        let last = match client
-            .get(format!("{base_url}{path}"))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-        {
-            Ok(r) if r.status().is_success() => return Ok(()),
-            Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND && path == "/ready" => {
-                path = "/health";
-                continue;
-            }
-            Ok(r) => format!("HTTP {}", r.status()),
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            bail!("{base_url}{path} was not ready within {timeout:?} ({last})");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

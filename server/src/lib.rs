@@ -2,38 +2,35 @@
 //! loop with a KV cache, one pipeline) driven through a scheduler, behind an HTTP (axum) and
 //! a gRPC (tonic) API.
 //!
-//! - [`scheduler`]: the model's own thread, its queue, and continuous batching.
-//! - [`admission`]: refusing at the door the requests the model would not finish in time.
-//! - [`infer`]: the service whatever the transport: validation, timeouts, metrics.
-//! - [`http`]: the JSON API over axum, [`http::app`], its OpenAPI document generated from the
-//!   handlers' types ([`http::ApiDoc`], with [`openapi`] for the model package's enums), and
-//!   [`web`], the page at `/` to try it.
-//! - [`grpc`]: the gRPC API over tonic (`proto/translate.proto`), [`grpc::serve`].
-//! - [`connections`]: accepting connections under a cap, and the timeouts that keep slow or
-//!   idle clients from holding them.
-//! - [`request_id`]: the request id, one rule and one layer for HTTP and gRPC.
+//! Layers, each importing only from those listed after it (`server/tests/module_graph.rs`
+//! holds it to that):
+//!
+//! - [`startup`]: start-up ([`startup::load`]) and serving ([`startup::run`]), from
+//!   [`cli`], the command line ([`cli::Args`]).
+//! - [`transport`]: the JSON API over axum ([`transport::http::app`], its OpenAPI document
+//!   generated from the handlers' types, and the page at `/`), the gRPC API over tonic
+//!   (`proto/translate.proto`, [`transport::grpc::serve`]), the connection cap and timeouts
+//!   ([`transport::connections`]), the request id, and how each API answers an error.
+//! - [`service`]: the service whatever the transport ([`service::Infer`]): validation,
+//!   timeouts, metrics; its requests and answers, and the API's one error type
+//!   ([`service::ApiError`]).
+//! - [`scheduler`]: the model's own threads, continuous batching ([`scheduler::policy`]: which
+//!   waiting text gets the next row), and refusing at the door the requests the model would
+//!   not finish in time ([`scheduler::admission`]).
 //! - [`metrics`]: the Prometheus metrics.
-//! - [`error`]: the one error type of the API and its status codes.
-//! - [`server`]: command line, start-up ([`server::load`]) and serving ([`server::run`]).
 //! - `testing` (the crate's own tests, and the `testing` feature): a backend without ONNX
-//!   Runtime and the service around it, for driving [`http::app`] in-process.
+//!   Runtime and the service around it, for driving [`transport::http::app`] in-process.
 
-pub mod admission;
-pub mod connections;
-pub mod error;
-pub mod grpc;
-pub mod http;
-pub mod infer;
+pub mod cli;
 pub mod metrics;
-pub mod openapi;
-pub mod request_id;
 pub mod scheduler;
-pub mod server;
+pub mod service;
+pub mod startup;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod web;
+pub mod transport;
 
-pub use error::ApiError;
-pub use http::app;
-pub use infer::{Infer, ModelInfo, TranslateRequest, TranslateResponse, Translation};
-pub use server::{load, run, Args};
+pub use cli::Args;
+pub use service::{ApiError, Infer, ModelInfo, TranslateRequest, TranslateResponse, Translation};
+pub use startup::{load, run};
+pub use transport::http::app;

@@ -24,10 +24,10 @@ fn main() -> std::process::ExitCode {
 async fn serve() -> std::process::ExitCode {
     let args = nmt_server::Args::parse();
     if args.print_openapi {
-        println!("{}", nmt_server::http::openapi_json());
+        println!("{}", nmt_server::transport::http::openapi_json());
         return std::process::ExitCode::SUCCESS;
     }
-    nmt_server::server::init_tracing(args.log_format);
+    nmt_server::startup::init_tracing(args.log_format);
     match nmt_server::run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

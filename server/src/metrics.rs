@@ -4,8 +4,8 @@
 //! fixed buckets of [`input_length_bucket`], never the raw length.
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 // The buckets are the engine's, so that nmt-eval reports by the same ones as the dashboards.
@@ -41,6 +41,17 @@ pub struct Metrics {
     pub admission_lateness: GaugeVec,
     pub length_deviation: HistogramVec,
     pub errors: IntCounterVec,
+}
+
+/// One model's handles of the metrics its worker threads keep.
+#[derive(Clone)]
+pub struct WorkerMetrics {
+    pub batch_size: Histogram,
+    pub queue_depth: IntGauge,
+    pub sequences_in_flight: IntGauge,
+    pub expected_queue_wait: Gauge,
+    pub throughput: Gauge,
+    pub admission_lateness: Gauge,
 }
 
 fn histogram(
@@ -205,8 +216,8 @@ impl Metrics {
     }
 
     /// The worker's metric handles for `model`.
-    pub fn worker(&self, model: &str) -> crate::scheduler::WorkerMetrics {
-        crate::scheduler::WorkerMetrics {
+    pub fn worker(&self, model: &str) -> WorkerMetrics {
+        WorkerMetrics {
             batch_size: self.batch_size.with_label_values(&[model]),
             queue_depth: self.queue_depth.with_label_values(&[model]),
             sequences_in_flight: self.sequences_in_flight.with_label_values(&[model]),

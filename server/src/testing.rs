@@ -1,4 +1,4 @@
-//! Test doubles for the server's own tests and for harnesses that drive [`crate::http::app`]
+//! Test doubles for the server's own tests and for harnesses that drive the HTTP API's `app`
 //! in-process (`server/tests/`): the service around the engine's [`CopyBackend`], without
 //! ONNX Runtime.
 //!
@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use model_package::ModelConfig;
+use strum::IntoEnumIterator;
 use tokenizers::Tokenizer;
 
 use nmt_engine::length::LengthModel;
@@ -17,10 +18,9 @@ use nmt_engine::package::TextCodec;
 use nmt_engine::pipeline::Pipeline;
 pub use nmt_engine::testing::*;
 
-use crate::error::ApiError;
-use crate::infer::{Infer, Model, RequestLimits};
 use crate::metrics::Metrics;
 use crate::scheduler::{SchedulerConfig, Translator};
+use crate::service::{ApiError, Infer, Model, RequestLimits};
 
 /// One model of a test service.
 pub struct TestModel {
@@ -119,60 +119,7 @@ pub fn infer(backend: CopyBackend, limits: RequestLimits, scheduler: SchedulerCo
     service(models, "dev-copy", limits, scheduler).infer
 }
 
-/// One error of each kind the API has.
+/// One error of each kind the API has, its fields empty.
 pub fn every_api_error() -> Vec<ApiError> {
-    // A new variant does not compile here until this match names it: the reminder to add it
-    // to the list below too, against which the tests hold `error::ERROR_TYPES` and the
-    // OpenAPI document.
-    let listed = |error: &ApiError| match error {
-        ApiError::InvalidJson(_)
-        | ApiError::MalformedRequest(_)
-        | ApiError::UriTooLong(_)
-        | ApiError::HeadersTooLarge(_)
-        | ApiError::InvalidRequest(_)
-        | ApiError::EmptyText(_)
-        | ApiError::ModelNotFound(_)
-        | ApiError::TooManyTexts(_)
-        | ApiError::InputTooLong(_)
-        | ApiError::PayloadTooLarge(_)
-        | ApiError::BodyTimeout(_)
-        | ApiError::UnsupportedMediaType(_)
-        | ApiError::NotFound(_)
-        | ApiError::MethodNotAllowed(_)
-        | ApiError::InvalidTargetLength(_)
-        | ApiError::Unsupported(_)
-        | ApiError::Overloaded { .. }
-        | ApiError::NotReady(_)
-        | ApiError::Timeout(_)
-        | ApiError::Unavailable(_)
-        | ApiError::Internal(_) => true,
-    };
-    let all = vec![
-        ApiError::InvalidJson(String::new()),
-        ApiError::MalformedRequest(String::new()),
-        ApiError::UriTooLong(String::new()),
-        ApiError::HeadersTooLarge(String::new()),
-        ApiError::InvalidRequest(String::new()),
-        ApiError::EmptyText(String::new()),
-        ApiError::ModelNotFound(String::new()),
-        ApiError::TooManyTexts(String::new()),
-        ApiError::InputTooLong(String::new()),
-        ApiError::PayloadTooLarge(String::new()),
-        ApiError::BodyTimeout(String::new()),
-        ApiError::UnsupportedMediaType(String::new()),
-        ApiError::NotFound(String::new()),
-        ApiError::MethodNotAllowed(String::new()),
-        ApiError::InvalidTargetLength(String::new()),
-        ApiError::Unsupported(String::new()),
-        ApiError::Overloaded {
-            message: String::new(),
-            retry_after_seconds: 1,
-        },
-        ApiError::NotReady(String::new()),
-        ApiError::Timeout(String::new()),
-        ApiError::Unavailable(String::new()),
-        ApiError::Internal(String::new()),
-    ];
-    debug_assert!(all.iter().all(listed));
-    all
+    ApiError::iter().collect()
 }

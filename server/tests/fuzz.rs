@@ -31,8 +31,8 @@ use axum::Router;
 use http_body_util::BodyExt;
 use model_package::LinearFit;
 use nmt_engine::length::LengthModel;
-use nmt_server::infer::RequestLimits;
 use nmt_server::scheduler::{Batching, SchedulerConfig};
+use nmt_server::service::RequestLimits;
 use nmt_server::testing::{self, CopyBackend, TestModel};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -638,7 +638,8 @@ fn harness() -> &'static Harness {
         };
         let service = runtime
             .block_on(async { testing::service(vec![shipped, dev], "shipped", limits, scheduler) });
-        let openapi: Value = serde_json::from_str(nmt_server::http::openapi_json()).unwrap();
+        let openapi: Value =
+            serde_json::from_str(nmt_server::transport::http::openapi_json()).unwrap();
         let error_types = openapi["components"]["schemas"]["Error"]["properties"]["error_type"]
             ["enum"]
             .as_array()

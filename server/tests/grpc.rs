@@ -1,5 +1,5 @@
 //! The gRPC API against the real model package (as in `package.rs`: the one that ships with
-//! the repo, or `NMT_TEST_PACKAGE`), served by [`nmt_server::grpc::serve`] on a loopback port
+//! the repo, or `NMT_TEST_PACKAGE`), served by [`nmt_server::transport::grpc::serve`] on a loopback port
 //! and called with the generated client.
 
 mod common;
@@ -9,12 +9,11 @@ use common::state;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use http_body_util::BodyExt;
-use nmt_server::app;
-use nmt_server::grpc::proto::translate_request::TargetLength as ProtoTargetLength;
-use nmt_server::grpc::proto::translator_client::TranslatorClient;
-use nmt_server::grpc::proto::{self, TargetLengthMode};
-use nmt_server::grpc::{ERROR_TYPE, REQUEST_ID};
-use nmt_server::infer::{TranslateRequest, TranslateResponse};
+use nmt_server::transport::grpc::proto::translate_request::TargetLength as ProtoTargetLength;
+use nmt_server::transport::grpc::proto::translator_client::TranslatorClient;
+use nmt_server::transport::grpc::proto::{self, TargetLengthMode};
+use nmt_server::transport::grpc::{ERROR_TYPE, REQUEST_ID};
+use nmt_server::{app, TranslateRequest, TranslateResponse};
 use tonic::transport::Channel;
 use tonic::Code;
 use tower::ServiceExt;
@@ -29,7 +28,7 @@ const TEXTS: [&str; 2] = [
 async fn client() -> TranslatorClient<Channel> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(nmt_server::grpc::serve(
+    tokio::spawn(nmt_server::transport::grpc::serve(
         state(),
         listener,
         std::future::pending(),
@@ -279,9 +278,13 @@ async fn shutdown_lets_calls_in_flight_finish() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(nmt_server::grpc::serve(state(), listener, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(nmt_server::transport::grpc::serve(
+        state(),
+        listener,
+        async {
+            let _ = stopped.await;
+        },
+    ));
     let mut client = TranslatorClient::connect(format!("http://{addr}"))
         .await
         .unwrap();

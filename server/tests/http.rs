@@ -9,12 +9,12 @@ use axum::http::{header, HeaderValue, Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use nmt_engine::length::{LengthMode, LengthSource, MAX_CHARS_LIMIT};
-use nmt_server::app;
-use nmt_server::error::ErrorBody;
-use nmt_server::http::{openapi_json, Models, REQUEST_ID};
-use nmt_server::infer::{Infer, RequestLimits, TranslateResponse, Translation};
 use nmt_server::scheduler::{Batching, SchedulerConfig};
+use nmt_server::service::RequestLimits;
 use nmt_server::testing::{self, CopyBackend};
+use nmt_server::transport::error::ErrorBody;
+use nmt_server::transport::http::{openapi_json, Models, REQUEST_ID};
+use nmt_server::{app, Infer, TranslateResponse, Translation};
 use tower::ServiceExt;
 
 fn limits() -> RequestLimits {
@@ -882,7 +882,10 @@ async fn the_served_openapi_document_is_the_generated_one_and_agrees_with_the_li
     let translate = &doc["paths"]["/translate"]["post"];
     let id = &translate["parameters"][0];
     assert_eq!(id["name"], REQUEST_ID.as_str());
-    assert_eq!(id["schema"]["maxLength"], nmt_server::request_id::MAX_LEN);
+    assert_eq!(
+        id["schema"]["maxLength"],
+        nmt_server::transport::request_id::MAX_LEN
+    );
 
     // Every error status documented is one that some error has, and answers with the error
     // body (429 and 503 with a Retry-After as well).

@@ -15,8 +15,7 @@ use ndarray::Array2;
 use nmt_engine::backend::Backend;
 use nmt_engine::onnx::{self, OrtBackend, OrtRows, SessionOptions};
 use nmt_engine::package::ModelPackage;
-use nmt_server::infer::TranslateResponse;
-use nmt_server::{app, Args};
+use nmt_server::{app, Args, TranslateResponse};
 use tower::ServiceExt;
 
 const SENTENCES: [&str; 5] = [

@@ -353,7 +353,7 @@ async fn every_dashboard_and_rule_query_returns_data_from_a_loaded_server() {
     let client = reqwest::Client::new();
     wait_until_ready(&client, &server).await;
 
-    let target = server.url.trim_start_matches("http://");
+    let target = server.http_addr();
     let prometheus = prometheus::start(&client, &test_prometheus_config(target)).await;
     // Load starts after the first scrape: a series born between two scrapes has no slope.
     prometheus
@@ -372,7 +372,7 @@ async fn every_dashboard_and_rule_query_returns_data_from_a_loaded_server() {
     let (mut rounds, mut shed) = (0, 0);
     while rounds < MIN_ROUNDS || load_start.elapsed() < LOAD {
         let round_start = Instant::now();
-        shed += load_round(&client, &server.url).await;
+        shed += load_round(&client, server.base_url()).await;
         rounds += 1;
         // Spread rounds over scrapes, so each bucket's counters rise between two of them.
         let rest = Duration::from_millis(1100).saturating_sub(round_start.elapsed());

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 use common::{
-    binary, post_translate, run, shipped_package, start_server, wait_until_ready, Server,
+    binary, post_translate, run, scrape, server_args, shipped_package, start_server,
+    wait_until_ready, ServerProcess,
 };
+use nmt_testkit::{ApiClient, StartOptions, Stderr};
 use nmt_train::model::Seq2Seq;
 use serde_json::{json, Value};
 
@@ -122,17 +124,6 @@ fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-async fn scrape(client: &reqwest::Client, server: &Server) -> String {
-    client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn translates_over_http_like_the_training_forward_pass() {
     let work = shared_package();
@@ -141,7 +132,7 @@ async fn translates_over_http_like_the_training_forward_pass() {
     let client = reqwest::Client::new();
 
     let health = client
-        .get(format!("{}/health", server.url))
+        .get(format!("{}/health", server.base_url()))
         .send()
         .await
         .unwrap();
@@ -217,7 +208,7 @@ async fn translates_over_http_like_the_training_forward_pass() {
         ("{\"text\": []}", 422, "empty_text"),
     ] {
         let response = client
-            .post(format!("{}/translate", server.url))
+            .post(format!("{}/translate", server.base_url()))
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -267,7 +258,7 @@ async fn two_model_workers_answer_concurrent_clients_like_the_training_forward_p
         .iter()
         .map(|source| {
             let request = client
-                .post(format!("{}/translate", server.url))
+                .post(format!("{}/translate", server.base_url()))
                 .json(&json!({ "text": source }));
             tokio::spawn(async move {
                 let response = request.send().await.unwrap();
@@ -315,7 +306,7 @@ async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
     });
     let requests: Vec<_> = (0..8)
         .map(|_| {
-            let (client, url, body) = (client.clone(), server.url.clone(), body.clone());
+            let (client, url, body) = (client.clone(), server.base_url().to_string(), body.clone());
             tokio::spawn(async move {
                 let response = client
                     .post(format!("{url}/translate"))
@@ -349,7 +340,7 @@ async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    run(Command::new("kill").args(["-TERM", &server.child.id().to_string()]));
+    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
 
     for request in requests {
         let (status, json) = request.await.unwrap();
@@ -365,7 +356,10 @@ async fn sigterm_finishes_requests_in_flight_then_exits_zero() {
     )
     .await;
     assert!(status.success(), "exit status {status}");
-    let after = client.get(format!("{}/health", server.url)).send().await;
+    let after = client
+        .get(format!("{}/health", server.base_url()))
+        .send()
+        .await;
     assert!(after.is_err(), "the port still answers after exit");
 }
 
@@ -519,7 +513,7 @@ async fn prometheus_scrapes_latency_by_input_length() {
         .arg(&rules));
 
     // A real Prometheus scrapes the server and answers queries by input-length bucket.
-    let target = server.url.trim_start_matches("http://").to_string();
+    let target = server.http_addr().to_string();
     let prometheus = start_prometheus(&target);
     let by_bucket = query_until_present(
         &client,
@@ -568,75 +562,45 @@ async fn prometheus_scrapes_latency_by_input_length() {
 /// Waits up to `limit` for the server process to exit (`expectation` says why it should);
 /// hands the server back, its log still readable, with the exit status.
 async fn wait_for_exit(
-    mut server: Server,
+    server: ServerProcess,
     limit: Duration,
     expectation: &str,
-) -> (Server, std::process::ExitStatus) {
+) -> (ServerProcess, std::process::ExitStatus) {
     let exit = tokio::task::spawn_blocking(move || {
-        let status = server.child.wait().unwrap();
+        let status = server.wait_exit(limit);
         (server, status)
     });
-    tokio::time::timeout(limit, exit)
-        .await
-        .expect(expectation)
-        .unwrap()
+    let (server, status) = exit.await.unwrap();
+    (server, status.expect(expectation))
 }
 
-/// The package that ships with the repo.
-/// What a server logged on stderr, collected as it comes.
-type Log = std::sync::Arc<std::sync::Mutex<String>>;
-
 /// `nmt-server` on the shipped package under `ulimit -n open_files` (soft and hard, as a
-/// service manager sets it), with what it logs on stderr collected.
-fn start_server_under_ulimit(open_files: u32, extra: &[&str]) -> (Server, Log) {
+/// service manager sets it), its log kept for the test to read.
+fn start_server_under_ulimit(open_files: u32, extra: &[&str]) -> ServerProcess {
     start_logged_server(Some(open_files), extra)
 }
 
-/// `nmt-server` on the shipped package (under `ulimit -n open_files` if given), with what it
-/// logs on stderr collected.
-fn start_logged_server(open_files: Option<u32>, extra: &[&str]) -> (Server, Log) {
-    use std::io::BufRead;
-    let package = shipped_package();
+/// `nmt-server` on the shipped package (under `ulimit -n open_files` if given), its log kept
+/// for the test to read ([`ServerProcess::log`]).
+fn start_logged_server(open_files: Option<u32>, extra: &[&str]) -> ServerProcess {
     let ulimit = open_files.map_or(String::new(), |n| format!("ulimit -n {n} && "));
-    let mut child = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(format!("{ulimit}exec \"$0\" \"$@\""))
         .arg(binary("nmt-server"))
-        .args(["--model-dir", package.to_str().unwrap()])
-        .args(["--port", "0", "--grpc-port", "0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting nmt-server");
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let collected = log.clone();
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            let mut log = collected.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
-        }
-    });
-    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in stdout.lines().map_while(Result::ok) {
-            if let Some(url) = line.strip_prefix("listening on ") {
-                let _ = tx.send(url.trim().to_string());
-            }
-        }
-    });
-    let url = rx
-        .recv_timeout(Duration::from_secs(120))
-        .expect("nmt-server did not print `listening on ...` within 120 s");
-    (Server { child, url }, log)
+        .args(server_args(&[&shipped_package()]))
+        .args(extra);
+    let options = StartOptions {
+        stderr: Stderr::TempFile,
+        ..StartOptions::default()
+    };
+    ServerProcess::start(command, options).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Opens `n` connections that never send a byte, and keeps them open.
-async fn idle_connections(server: &Server, n: usize) -> Vec<tokio::net::TcpStream> {
-    let addr = server.url.trim_start_matches("http://").to_string();
+async fn idle_connections(server: &ServerProcess, n: usize) -> Vec<tokio::net::TcpStream> {
+    let addr = server.http_addr().to_string();
     let mut idle = Vec::with_capacity(n);
     for _ in 0..n {
         let connect = tokio::net::TcpStream::connect(&addr);
@@ -658,7 +622,7 @@ async fn idle_connections_do_not_lock_clients_out_under_a_low_open_file_limit() 
         (&["--max-connections", "1000"], "Too many open files"),
     ];
     for (extra, logged) in cases {
-        let (server, log) = start_server_under_ulimit(256, extra);
+        let server = start_server_under_ulimit(256, extra);
         // A fresh connection per request: a pooled one may be among those closed to make room.
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
@@ -668,7 +632,7 @@ async fn idle_connections_do_not_lock_clients_out_under_a_low_open_file_limit() 
         let idle = idle_connections(&server, 400).await;
 
         let started = std::time::Instant::now();
-        let health = client.get(format!("{}/health", server.url)).send();
+        let health = client.get(format!("{}/health", server.base_url())).send();
         let health = tokio::time::timeout(Duration::from_secs(30), health)
             .await
             .expect("/health answers")
@@ -682,7 +646,7 @@ async fn idle_connections_do_not_lock_clients_out_under_a_low_open_file_limit() 
             started.elapsed()
         );
         drop(idle);
-        let log = log.lock().unwrap().clone();
+        let log = server.log().unwrap();
         assert!(
             log.contains("open-file limit soft_before=256 soft=256 hard=256"),
             "{log}"
@@ -708,7 +672,7 @@ async fn sigterm_does_not_wait_for_half_sent_requests_or_idle_connections() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let started = std::time::Instant::now();
-    run(Command::new("kill").args(["-TERM", &server.child.id().to_string()]));
+    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
     let (_server, status) = wait_for_exit(
         server,
         Duration::from_secs(20),
@@ -721,16 +685,30 @@ async fn sigterm_does_not_wait_for_half_sent_requests_or_idle_connections() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_shuts_down_when_nobody_reads_the_log() {
+    // Started by hand, not through the harness: what is tested is a log pipe that nobody
+    // reads any more, and the announcements on stdout as the server prints them.
     use std::io::BufRead;
+
+    /// Killed on drop, should the test fail before the server exits.
+    struct Started(std::process::Child);
+    impl Drop for Started {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     let package = shipped_package();
-    let mut child = Command::new(binary("nmt-server"))
-        .args(["--model-dir", package.to_str().unwrap()])
-        .args(["--port", "0", "--grpc-port", "0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting nmt-server");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut started = Started(
+        Command::new(binary("nmt-server"))
+            .args(["--model-dir", package.to_str().unwrap()])
+            .args(["--port", "0", "--grpc-port", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting nmt-server"),
+    );
+    let mut stdout = std::io::BufReader::new(started.0.stdout.take().unwrap());
     let mut lines = [String::new(), String::new()];
     for line in &mut lines {
         stdout.read_line(line).unwrap();
@@ -741,20 +719,23 @@ async fn sigterm_shuts_down_when_nobody_reads_the_log() {
         .unwrap()
         .to_string();
     assert!(lines[1].starts_with("grpc listening on "), "{lines:?}");
-    let client = reqwest::Client::new();
     // The log collector goes away (after the addresses, which the server must print): every
     // log line from now on fails to be written.
-    drop(child.stderr.take());
+    drop(started.0.stderr.take());
     drop(stdout);
-    let server = Server { child, url };
-    wait_until_ready(&client, &server).await;
-    run(Command::new("kill").args(["-TERM", &server.child.id().to_string()]));
-    let (_server, status) = wait_for_exit(
-        server,
-        Duration::from_secs(20),
-        "SIGTERM still shuts the server down",
-    )
-    .await;
+    ApiClient::new(reqwest::Client::new(), &url)
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .unwrap();
+    run(Command::new("kill").args(["-TERM", &started.0.id().to_string()]));
+    let exit = tokio::task::spawn_blocking(move || {
+        let status = started.0.wait().unwrap();
+        (started, status)
+    });
+    let (_started, status) = tokio::time::timeout(Duration::from_secs(20), exit)
+        .await
+        .expect("SIGTERM still shuts the server down")
+        .unwrap();
     assert!(status.success(), "exit status {status}");
 }
 
@@ -795,7 +776,7 @@ impl BurstResult {
 /// Sends `body` `per_second` times a second for `seconds`, whatever the answers (an open
 /// loop, as independent clients do), and waits for every answer.
 async fn open_loop_burst(
-    server: &Server,
+    server: &ServerProcess,
     body: &Value,
     per_second: u32,
     seconds: u32,
@@ -808,7 +789,7 @@ async fn open_loop_burst(
     let mut requests = Vec::new();
     for _ in 0..per_second * seconds {
         ticks.tick().await;
-        let (client, url, body) = (client.clone(), server.url.clone(), body.clone());
+        let (client, url, body) = (client.clone(), server.base_url().to_string(), body.clone());
         requests.push(tokio::spawn(async move {
             let response = client
                 .post(format!("{url}/translate"))
@@ -923,11 +904,11 @@ async fn an_open_loop_burst_is_refused_at_the_door_instead_of_timing_out() {
 async fn sigterm_past_the_grace_drops_requests_in_flight_and_exits_non_zero() {
     // One row: 8 texts of 400 tokens take thousands of decoder steps, far past the grace.
     let flags = ["--max-batch-size", "1", "--shutdown-grace", "1"];
-    let (server, log) = start_logged_server(None, &flags);
+    let server = start_logged_server(None, &flags);
     let client = reqwest::Client::new();
     wait_until_ready(&client, &server).await;
     let request = {
-        let (client, url) = (client.clone(), server.url.clone());
+        let (client, url) = (client.clone(), server.base_url().to_string());
         tokio::spawn(async move {
             client
                 .post(format!("{url}/translate"))
@@ -944,8 +925,8 @@ async fn sigterm_past_the_grace_drops_requests_in_flight_and_exits_non_zero() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    run(Command::new("kill").args(["-TERM", &server.child.id().to_string()]));
-    let (_server, status) = wait_for_exit(
+    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
+    let (server, status) = wait_for_exit(
         server,
         Duration::from_secs(20),
         "the server exits once the grace runs out",
@@ -957,7 +938,7 @@ async fn sigterm_past_the_grace_drops_requests_in_flight_and_exits_non_zero() {
         answer.is_err(),
         "the dropped request was answered: {answer:?}"
     );
-    let log = log.lock().unwrap().clone();
+    let log = server.log().unwrap();
     assert!(
         log.contains("the shutdown grace ran out with 1 translation requests in flight"),
         "{log}"

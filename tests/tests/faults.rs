@@ -14,8 +14,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    binary, post_translate, shipped_package, start_server, start_server_with_env, wait_until_ready,
-    Server,
+    binary, post_translate, scrape, shipped_package, start_server, start_server_with_env,
+    wait_until_ready, ServerProcess,
 };
 use serde_json::{json, Value};
 
@@ -275,15 +275,6 @@ fn fragile_package(work: &Path) -> PathBuf {
     dir
 }
 
-async fn scrape(client: &reqwest::Client, server: &Server) -> String {
-    let response = client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap();
-    response.text().await.unwrap()
-}
-
 /// The value of the sample `series` (name and labels as exported), if present.
 fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics
@@ -292,7 +283,7 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 /// Waits until every model's `nmt_sequences_in_flight` and `nmt_queue_depth` are 0.
-async fn assert_settles(client: &reqwest::Client, server: &Server, models: &[&str]) {
+async fn assert_settles(client: &reqwest::Client, server: &ServerProcess, models: &[&str]) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let metrics = scrape(client, server).await;
@@ -367,7 +358,7 @@ async fn a_decoder_that_fails_mid_batch_fails_its_requests_and_spares_the_other_
         "{metrics}"
     );
     let ready = client
-        .get(format!("{}/ready", server.url))
+        .get(format!("{}/ready", server.base_url()))
         .send()
         .await
         .unwrap();
@@ -432,11 +423,11 @@ async fn leave_before_the_answer(addr: &str, n: usize, clients: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_clients_that_leave_before_their_answer_leave_nothing_behind() {
     // Every abandoned request is logged at info level.
-    let mut server = start_server_with_env(&[&shipped_package()], &[], &[("RUST_LOG", "warn")]);
+    let server = start_server_with_env(&[&shipped_package()], &[], &[("RUST_LOG", "warn")]);
     let client = reqwest::Client::new();
     wait_until_ready(&client, &server).await;
-    let addr = server.url.trim_start_matches("http://").to_string();
-    let pid = server.child.id();
+    let addr = server.http_addr().to_string();
+    let pid = server.pid();
     let model = ["en-es-rel-ldpe"];
 
     // The first thousand reach the heap's and the runtime's working size.
@@ -466,10 +457,7 @@ async fn ten_thousand_clients_that_leave_before_their_answer_leave_nothing_behin
     // The process is alive and answers at once: before, every request waited behind the
     // length predictions of those who had left (and got 504 after 30 s).
     let started = Instant::now();
-    assert!(
-        server.child.try_wait().unwrap().is_none(),
-        "nmt-server exited"
-    );
+    assert!(server.try_wait().unwrap().is_none(), "nmt-server exited");
     let response = post_translate(&client, &server, &json!({"text": "Jesus wept."})).await;
     assert_eq!(response.status(), 200);
     assert!(

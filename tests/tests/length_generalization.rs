@@ -299,7 +299,7 @@ fn score(sources: &[String], outputs: &[String]) -> Scores {
 /// tokenized every source into one piece per symbol.
 async fn translate(
     client: &reqwest::Client,
-    server: &common::Server,
+    server: &common::ServerProcess,
     model: &str,
     sources: &[String],
 ) -> Vec<String> {

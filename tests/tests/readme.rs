@@ -16,9 +16,10 @@ use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
 use common::server_default;
-use nmt_server::grpc::proto::translate_request::TargetLength;
-use nmt_server::grpc::proto::translator_client::TranslatorClient;
-use nmt_server::grpc::proto::{self, LengthMode, LengthSource, TargetLengthMode};
+use nmt_server::transport::grpc::proto::translate_request::TargetLength;
+use nmt_server::transport::grpc::proto::translator_client::TranslatorClient;
+use nmt_server::transport::grpc::proto::{self, LengthMode, LengthSource, TargetLengthMode};
+use nmt_testkit::ApiClient;
 use serde_json::Value;
 
 /// How this test runs a README command.
@@ -511,19 +512,6 @@ fn serve(command: &str) -> Served {
     served
 }
 
-async fn wait_until_ready(client: &reqwest::Client, url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let response = client.get(format!("{url}/ready")).send().await.unwrap();
-        if response.status() == 200 {
-            return;
-        }
-        assert_eq!(response.status(), 503, "/ready answers 200 or 503");
-        assert!(Instant::now() < deadline, "not ready within 120 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The value of a command's `flag`.
 fn flag_value(words: &[String], flag: &str) -> String {
     let at = words.iter().position(|w| w == flag);
@@ -731,7 +719,10 @@ fn readme_commands_work_as_written() {
         match how {
             How::Serve => {
                 let s = serve(&command);
-                runtime.block_on(wait_until_ready(&client, &s.url));
+                let api = ApiClient::new(client.clone(), &s.url);
+                if let Err(e) = runtime.block_on(api.wait_ready(Duration::from_secs(120))) {
+                    panic!("`{command}`: {e:#}");
+                }
                 served = Some(s);
             }
             How::Curl => {

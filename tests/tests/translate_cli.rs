@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Output;
 
-use common::{post_translate, shipped_package, start_server, translate_cli, wait_until_ready};
+use common::{shipped_package, start_server, translate_cli, wait_until_ready};
 use serde_json::{json, Value};
 
 const VERSES: [&str; 6] = [
@@ -31,18 +31,12 @@ fn lines(output: &Output) -> Vec<String> {
         .collect()
 }
 
-async fn server_texts(server: &common::Server, body: Value) -> Vec<String> {
+async fn server_texts(server: &common::ServerProcess, body: Value) -> Vec<String> {
     let client = reqwest::Client::new();
     wait_until_ready(&client, server).await;
-    let response = post_translate(&client, server, &body).await;
-    assert_eq!(response.status(), 200);
-    let body: Value = response.json().await.unwrap();
-    body["translations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["text"].as_str().unwrap().to_string())
-        .collect()
+    let reply = server.api(client).translate(&body).await.unwrap();
+    let response = reply.translated().unwrap_or_else(|e| panic!("{e:#}"));
+    response.translations.into_iter().map(|t| t.text).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,15 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::{post_translate, start_server, wait_until_ready};
+use common::{post_translate, shipped_package, start_server, wait_until_ready};
 use serde_json::{json, Value};
-
-fn shipped_package() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/en-es-rel-ldpe")
-}
 
 /// Headless Chromium on `url`, given time to run the page's requests; `extra` picks the
 /// output (`--dump-dom` or `--screenshot=...`). Returns standard output.
@@ -70,7 +66,7 @@ async fn the_page_translates_a_verse_in_a_browser() {
         .tempdir()
         .unwrap()
         .keep();
-    let url = format!("{}/?text=Jesus%20wept.", server.url);
+    let url = format!("{}/?text=Jesus%20wept.", server.base_url());
     let dom = tokio::task::spawn_blocking({
         let (url, profile) = (url.clone(), dir.join("profile"));
         move || chromium(&url, &["--dump-dom"], &profile)

@@ -67,8 +67,8 @@ class Limit:
 
 
 # The limits that decide what a sentence may be: its input length and its output budget,
-# `RequestLimits::output_budget` in server/src/infer.rs.
-# The ratio is a float, the rest whole numbers of tokens (server/src/server.rs).
+# `RequestLimits::output_budget` in engine/src/limits.rs.
+# The ratio is a float, the rest whole numbers of tokens (`DecodingArgs` in the same file).
 LIMIT_FLAGS: dict[str, type[float] | type[int]] = {
     "--max-length-ratio": float,
     "--max-length-offset": int,

@@ -25,12 +25,13 @@ use indicatif::{MultiProgress, ProgressBar};
 use serde::Serialize;
 
 use self::report::BesideLargeReport;
-use crate::load::{cell_bar, run_cell, Cell, CellRun};
+use crate::cli::CommonArgs;
+use crate::load::{cell_bar, client_runtime, http_client, run_cell, Cell, CellRun};
 use crate::overload::report::{load_average, ms};
 use crate::overload::{bodies_with, setting, RequestFields};
+use crate::report::emit;
 use crate::single_server::{RunHeader, RunNames, ServerSource, SingleServerArgs};
 use crate::stats::{summarize, CellSummary};
-use crate::{client_runtime, emit, http_client, CommonArgs};
 
 /// Fairness between small requests and one client of large ones: runs `--small-clients`
 /// closed-loop clients of one verse per request alone (phase A), then the same clients beside
@@ -499,15 +500,15 @@ mod tests {
     #[test]
     fn beside_large_arguments() {
         use clap::Parser;
-        let a = crate::Args::try_parse_from(["nmt-bench", "beside-large"]).unwrap();
-        let Some(crate::Command::BesideLarge(a)) = a.command else {
+        let a = crate::cli::Args::try_parse_from(["nmt-bench", "beside-large"]).unwrap();
+        let Some(crate::cli::Command::BesideLarge(a)) = a.command else {
             panic!("no beside-large command");
         };
         assert_eq!((a.small_clients, a.large_texts), (16, 64));
         assert_eq!((a.seconds, a.warmup_seconds), (20.0, 3.0));
         assert_eq!(a.server.mode, "continuous");
         assert!(a.server.url.is_none() && a.server.request_fields.is_none());
-        let a = crate::Args::try_parse_from([
+        let a = crate::cli::Args::try_parse_from([
             "nmt-bench",
             "beside-large",
             "--small-clients",
@@ -521,7 +522,7 @@ mod tests {
             "16",
         ])
         .unwrap();
-        let Some(crate::Command::BesideLarge(a)) = a.command else {
+        let Some(crate::cli::Command::BesideLarge(a)) = a.command else {
             panic!("no beside-large command");
         };
         assert_eq!((a.small_clients, a.large_texts), (4, 16));

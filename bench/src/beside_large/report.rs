@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{Comparison, Phase, ALONE};
 use crate::overload::report::ms;
+use crate::report::Document;
 use crate::single_server::{example_body, RunHeader};
 
 /// Everything a beside-large run reports.
@@ -33,7 +34,7 @@ pub struct BesideLargeReport {
     pub comparison: Option<Comparison>,
 }
 
-impl crate::Document for BesideLargeReport {
+impl Document for BesideLargeReport {
     const TABLES: fn(&Self) -> String = tables;
     const MARKDOWN: fn(&Self) -> String = markdown;
 }

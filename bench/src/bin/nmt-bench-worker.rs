@@ -13,19 +13,9 @@
 //! - `engine`: nmt-server's engine in-process (`nmt_engine::Engine`, what nmt-eval and
 //!   nmt-translate run): tokenizer, limits, length planning, ONNX Runtime, greedy decode loop
 //!   and detokenization, in batches of `--batch-size` sorted longest first.
-//! - `http`: starts `nmt-server` (as nmt-bench does, with nmt-bench's own code) and sends every
+//! - `http`: starts `nmt-server` (as nmt-bench does, with nmt-bench's library) and sends every
 //!   verse as one `POST /translate` from `--clients` closed-loop clients; the pass ends when
 //!   the last reply is in.
-
-// nmt-bench's own server handling and input reading, shared by file rather than through a
-// library target so that nmt-bench's layout stays as it is; parts only nmt-bench calls are
-// unused here.
-#[allow(dead_code)]
-#[path = "../server.rs"]
-mod server;
-#[allow(dead_code)]
-#[path = "../verses.rs"]
-mod verses;
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -36,9 +26,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use nmt_bench::load::request_bodies;
+use nmt_bench::{server, verses};
 use nmt_engine::length::LengthRequest;
 use nmt_engine::onnx::Device;
 use nmt_engine::{Engine, EngineOptions, Outcome, RequestLimits};
+use nmt_server::TranslateResponse;
+use nmt_testkit::release_binary;
 use serde::Serialize;
 use serde_json::json;
 
@@ -87,7 +81,7 @@ enum Side {
         #[arg(long, default_value_t = 1)]
         clients: usize,
         /// The server executable.
-        #[arg(long, default_value = "target/release/nmt-server")]
+        #[arg(long, default_value_os_t = release_binary("nmt-server"))]
         server_bin: PathBuf,
         /// One extra server argument; repeat for more.
         #[arg(long = "server-arg", allow_hyphen_values = true)]
@@ -202,29 +196,19 @@ fn run(args: Args) -> Result<()> {
             let startup = Duration::from_secs_f64(startup_timeout_seconds);
             let timeout = Duration::from_secs_f64(request_timeout_seconds);
             // Dropped at the end (or on an error), it stops the server.
-            let mut srv = server::Server::start(&server_bin, &sargs, &server_log, startup)?;
-            runtime.block_on(server::wait_ready(&client, &mut srv, startup))?;
-            let url = format!("{}/translate", srv.base_url);
-            let bodies: Arc<Vec<String>> = Arc::new(
-                verses
-                    .iter()
-                    .map(|v| json!({ "text": v }).to_string())
-                    .collect(),
-            );
+            let srv = server::start(&server_bin, &sargs, &server_log, startup)?;
+            runtime.block_on(srv.wait_ready(&client, startup))?;
+            let url = format!("{}/translate", srv.base_url());
+            let bodies = request_bodies(&verses);
             let warm: Arc<Vec<String>> = Arc::new(bodies[..warmup.len()].to_vec());
             runtime.block_on(http_pass(&client, &url, &warm, clients, timeout));
             ready(json!({
-                "base_url": srv.base_url,
+                "base_url": srv.base_url(),
                 "server_args": sargs,
                 "sentences": verses.len(),
             }))?;
             serve(|| {
-                if let Some(status) = srv.try_wait()? {
-                    bail!(
-                        "the server exited ({status}); its log:\n{}",
-                        server::log_tail(&srv.log_path)
-                    );
-                }
+                srv.ensure_running("")?;
                 Ok(runtime.block_on(http_pass(&client, &url, &bodies, clients, timeout)))
             })
         }
@@ -274,18 +258,6 @@ fn write_lines(path: &Path, texts: &[String]) -> Result<()> {
         text.push('\n');
     }
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-/// One reply's part this worker reads.
-#[derive(serde::Deserialize)]
-struct Reply {
-    translations: Vec<ReplyTranslation>,
-}
-
-#[derive(serde::Deserialize)]
-struct ReplyTranslation {
-    text: String,
-    output_tokens: u64,
 }
 
 /// Every body POSTed once by `clients` closed-loop clients that take the next body as soon as
@@ -378,12 +350,13 @@ async fn post(
             String::from_utf8_lossy(&bytes)
         ));
     }
-    let reply: Reply = serde_json::from_slice(&bytes).map_err(|e| format!("reply: {e}"))?;
+    let reply: TranslateResponse =
+        serde_json::from_slice(&bytes).map_err(|e| format!("reply: {e}"))?;
     let mut text = String::new();
     let mut tokens = 0;
     for t in reply.translations {
         text.push_str(&t.text);
-        tokens += t.output_tokens;
+        tokens += t.output_tokens as u64;
     }
     Ok((text, tokens))
 }

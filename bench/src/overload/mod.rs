@@ -24,10 +24,11 @@ use anyhow::{bail, ensure, Result};
 use self::report::{Calibration, OverloadReport};
 use self::schedule::{arrival_offsets, Arrivals, Rate};
 use self::summary::{goal_checks, summarize, RateRun, RateSummary};
-use crate::load::{cell_bar, run_cell, Cell};
+use crate::cli::{secs, CommonArgs};
+use crate::load::{cell_bar, client_runtime, http_client, request_bodies, run_cell, Cell};
+use crate::report::emit;
 use crate::single_server::{RunHeader, RunNames, ServerSource, SingleServerArgs, StartedServer};
 use crate::stats::CellSummary;
-use crate::{client_runtime, emit, http_client, request_bodies, secs, CommonArgs};
 
 /// Open-loop overload: offers each of `--rates` to one server (started here, or `--url`) for
 /// `--seconds`, requests sent on schedule however many are outstanding, and reports the
@@ -613,7 +614,7 @@ mod tests {
     #[test]
     fn overload_arguments() {
         use clap::Parser;
-        let a = crate::Args::try_parse_from([
+        let a = crate::cli::Args::try_parse_from([
             "nmt-bench",
             "overload",
             "--rates",
@@ -625,7 +626,7 @@ mod tests {
             "4",
         ])
         .unwrap();
-        let Some(crate::Command::Overload(o)) = a.command else {
+        let Some(crate::cli::Command::Overload(o)) = a.command else {
             panic!("no overload command");
         };
         assert_eq!(
@@ -640,8 +641,8 @@ mod tests {
         assert_eq!((o.seconds, o.warmup_seconds, o.seed), (25.0, 3.0, 1));
         assert_eq!(o.server.mode, "continuous");
         assert_eq!(o.common.server_args_trailing, ["--max-queue-wait", "4"]);
-        let d = crate::Args::try_parse_from(["nmt-bench", "overload"]).unwrap();
-        let Some(crate::Command::Overload(d)) = d.command else {
+        let d = crate::cli::Args::try_parse_from(["nmt-bench", "overload"]).unwrap();
+        let Some(crate::cli::Command::Overload(d)) = d.command else {
             panic!("no overload command");
         };
         assert_eq!(
@@ -653,6 +654,8 @@ mod tests {
             ]
         );
         assert_eq!(d.arrivals, Arrivals::Poisson);
-        assert!(crate::Args::try_parse_from(["nmt-bench", "overload", "--rates", "fast"]).is_err());
+        assert!(
+            crate::cli::Args::try_parse_from(["nmt-bench", "overload", "--rates", "fast"]).is_err()
+        );
     }
 }

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::schedule::Arrivals;
 use super::summary::{GoalCheck, RateSummary, GOAL_MULTIPLE};
+use crate::report::Document;
 use crate::single_server::{example_body, RunHeader};
 use crate::stats::CellSummary;
 
@@ -36,7 +37,7 @@ pub struct OverloadReport {
     pub goal: Vec<GoalCheck>,
 }
 
-impl crate::Document for OverloadReport {
+impl Document for OverloadReport {
     const TABLES: fn(&Self) -> String = tables;
     const MARKDOWN: fn(&Self) -> String = markdown;
 }

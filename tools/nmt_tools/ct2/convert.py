@@ -290,7 +290,7 @@ def configure(spec: Spec, manifest: dict[str, Any], pieces: list[str]) -> None:
     spec.config.bos_token = pieces[manifest["bos_id"]]
     spec.config.eos_token = pieces[manifest["eos_id"]]
     spec.config.decoder_start_token = pieces[manifest["bos_id"]]
-    # The server appends EOS to every source (`nmt_server::infer::source_ids`).
+    # The server appends EOS to every source (`nmt_engine::pipeline::source_ids`).
     spec.config.add_source_bos = False
     spec.config.add_source_eos = True
 

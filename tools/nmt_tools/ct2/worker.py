@@ -59,7 +59,7 @@ class Ct2Side:
             intra_threads=args.intra_threads,
         )
         source_limit = manifest["limits"].get("max_source_tokens")
-        # As `nmt_server::server::model_input_limit`: the model's bound counts the EOS.
+        # As `nmt_engine::limits::model_input_limit`: the model's bound counts the EOS.
         self.input_limit: int = args.max_input_tokens
         if source_limit is not None:
             self.input_limit = min(self.input_limit, source_limit - 1)

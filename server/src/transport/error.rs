@@ -1,5 +1,6 @@
-//! The one error type of the HTTP API, mapped to a status code in exactly one place
-//! ([`ApiError::status`]) and rendered as `{"error": "...", "error_type": "..."}`.
+//! How the API's one error type ([`ApiError`]) answers on the wire: the HTTP status of each
+//! error in exactly one place ([`ApiError::status`]), the gRPC code in one other
+//! ([`ApiError::grpc_code`]), and the JSON body `{"error": "...", "error_type": "..."}`.
 
 use axum::extract::rejection::JsonRejection;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -10,83 +11,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
 
-use nmt_engine::{EngineError, ValidationError};
-
-use crate::scheduler::TranslateError;
-
-/// Every way a request can fail. Handlers and extractors return this; nothing else builds
-/// an error response.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    /// The body is not syntactically valid JSON.
-    #[error("{0}")]
-    InvalidJson(String),
-    /// The request is not well-formed HTTP/1.1: its head (hyper refuses it before any handler
-    /// runs; [`crate::connections`] puts it in this shape), or the chunked framing of its body.
-    #[error("{0}")]
-    MalformedRequest(String),
-    /// The request target is longer than hyper takes (65534 bytes).
-    #[error("{0}")]
-    UriTooLong(String),
-    /// The request head has more header fields or bytes than hyper takes.
-    #[error("{0}")]
-    HeadersTooLarge(String),
-    /// The body is JSON but a field is missing, unknown or has the wrong type.
-    #[error("{0}")]
-    InvalidRequest(String),
-    /// The text list is empty, or one text is empty or only whitespace.
-    #[error("{0}")]
-    EmptyText(String),
-    /// The request names a model this server does not serve.
-    #[error("{0}")]
-    ModelNotFound(String),
-    /// More texts in one request than `--max-texts-per-request`.
-    #[error("{0}")]
-    TooManyTexts(String),
-    /// One text has more subword tokens than the configured limit.
-    #[error("{0}")]
-    InputTooLong(String),
-    /// The body is larger than `--max-body-bytes`, or declares so in its `Content-Length`.
-    #[error("{0}")]
-    PayloadTooLarge(String),
-    /// The body did not arrive within `--body-read-timeout` of the request head.
-    #[error("{0}")]
-    BodyTimeout(String),
-    /// The body was sent without `Content-Type: application/json`.
-    #[error("{0}")]
-    UnsupportedMediaType(String),
-    /// No route for this path.
-    #[error("{0}")]
-    NotFound(String),
-    /// The path exists but not for this method.
-    #[error("{0}")]
-    MethodNotAllowed(String),
-    /// `target_length` is not a positive number within the model's output limit.
-    #[error("{0}")]
-    InvalidTargetLength(String),
-    /// The request asks for something the chosen model cannot do.
-    #[error("{0}")]
-    Unsupported(String),
-    /// The model's queue is full, or would not finish the request within `--max-queue-wait`;
-    /// `retry_after_seconds` is when the work it has accepted should be done.
-    #[error("{message}")]
-    Overloaded {
-        message: String,
-        retry_after_seconds: u64,
-    },
-    /// The server is warming up or shutting down.
-    #[error("{0}")]
-    NotReady(String),
-    /// No answer within the request timeout.
-    #[error("{0}")]
-    Timeout(String),
-    /// The model worker is not running (it stopped or failed).
-    #[error("{0}")]
-    Unavailable(String),
-    /// The model or the tokenizer failed on a valid request.
-    #[error("{0}")]
-    Internal(String),
-}
+use crate::service::error::{ApiError, ERROR_TYPES};
 
 /// Set on every error response, for the layer that counts errors by type.
 #[derive(Clone, Copy, Debug)]
@@ -102,36 +27,10 @@ pub struct ErrorBody {
     pub error_type: String,
 }
 
-/// Every [`ApiError::error_type`], in the order of the variants: what the OpenAPI document
-/// lists (a test checks it against the variants).
-pub const ERROR_TYPES: [&str; 21] = [
-    "invalid_json",
-    "malformed_request",
-    "uri_too_long",
-    "headers_too_large",
-    "invalid_request",
-    "empty_text",
-    "model_not_found",
-    "too_many_texts",
-    "input_too_long",
-    "payload_too_large",
-    "body_timeout",
-    "unsupported_media_type",
-    "not_found",
-    "method_not_allowed",
-    "invalid_target_length",
-    "unsupported",
-    "overloaded",
-    "not_ready",
-    "timeout",
-    "unavailable",
-    "internal",
-];
-
 fn error_type_schema() -> RefOr<Schema> {
     ObjectBuilder::new()
         .schema_type(SchemaType::new(Type::String))
-        .enum_values(Some(ERROR_TYPES))
+        .enum_values(Some(ERROR_TYPES.iter().copied()))
         .description(Some(
             "Machine-readable type of the error, stable across releases: clients and the \
              metrics (`nmt_errors_total{type}`) key on it.",
@@ -164,7 +63,7 @@ impl ApiError {
         }
     }
 
-    /// The gRPC status code of each error ([`crate::grpc`]): the only place where that
+    /// The gRPC status code of each error (the gRPC API's): the only place where that
     /// mapping lives. Requests the client must change are `INVALID_ARGUMENT`; the
     /// transport-only variants map to what gRPC says for them (no such method:
     /// `UNIMPLEMENTED`; message or head too large: `RESOURCE_EXHAUSTED`; a body too slow to
@@ -195,33 +94,6 @@ impl ApiError {
         }
     }
 
-    /// Machine-readable type, stable across releases (clients and metrics key on it).
-    pub fn error_type(&self) -> &'static str {
-        match self {
-            ApiError::InvalidJson(_) => "invalid_json",
-            ApiError::MalformedRequest(_) => "malformed_request",
-            ApiError::UriTooLong(_) => "uri_too_long",
-            ApiError::HeadersTooLarge(_) => "headers_too_large",
-            ApiError::InvalidRequest(_) => "invalid_request",
-            ApiError::EmptyText(_) => "empty_text",
-            ApiError::ModelNotFound(_) => "model_not_found",
-            ApiError::TooManyTexts(_) => "too_many_texts",
-            ApiError::InputTooLong(_) => "input_too_long",
-            ApiError::PayloadTooLarge(_) => "payload_too_large",
-            ApiError::BodyTimeout(_) => "body_timeout",
-            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
-            ApiError::NotFound(_) => "not_found",
-            ApiError::MethodNotAllowed(_) => "method_not_allowed",
-            ApiError::InvalidTargetLength(_) => "invalid_target_length",
-            ApiError::Unsupported(_) => "unsupported",
-            ApiError::Overloaded { .. } => "overloaded",
-            ApiError::NotReady(_) => "not_ready",
-            ApiError::Timeout(_) => "timeout",
-            ApiError::Unavailable(_) => "unavailable",
-            ApiError::Internal(_) => "internal",
-        }
-    }
-
     /// Maps a rejection of axum's `Json` extractor. `max_body_bytes` is only used to name
     /// the limit in the message when the body was too large.
     pub fn from_json_rejection(rejection: JsonRejection, max_body_bytes: usize) -> Self {
@@ -238,50 +110,6 @@ impl ApiError {
                 ApiError::InvalidRequest(other.body_text())
             }
             other => ApiError::Internal(other.body_text()),
-        }
-    }
-}
-
-impl From<TranslateError> for ApiError {
-    fn from(err: TranslateError) -> Self {
-        match err.retry_after() {
-            Some(retry_after) => ApiError::Overloaded {
-                message: err.to_string(),
-                retry_after_seconds: retry_after.as_secs().max(1),
-            },
-            None => match err {
-                TranslateError::Backend(_) => ApiError::Internal(err.to_string()),
-                _ => ApiError::Unavailable(err.to_string()),
-            },
-        }
-    }
-}
-
-/// The engine's refusals keep the types clients already key on.
-impl From<ValidationError> for ApiError {
-    fn from(err: ValidationError) -> Self {
-        let message = err.to_string();
-        match err {
-            ValidationError::NoTexts | ValidationError::EmptyText { .. } => {
-                ApiError::EmptyText(message)
-            }
-            ValidationError::TooManyTexts { .. } => ApiError::TooManyTexts(message),
-            ValidationError::InputTooLong { .. } => ApiError::InputTooLong(message),
-            ValidationError::TargetLengthOutOfRange { .. }
-            | ValidationError::MaxCharsOutOfRange { .. } => ApiError::InvalidTargetLength(message),
-            ValidationError::NoLengthEncoding { .. } | ValidationError::NoPredictor { .. } => {
-                ApiError::Unsupported(message)
-            }
-            ValidationError::NgramSizeTooLarge { .. } => ApiError::InvalidRequest(message),
-        }
-    }
-}
-
-impl From<EngineError> for ApiError {
-    fn from(err: EngineError) -> Self {
-        match err {
-            EngineError::Invalid(invalid) => invalid.into(),
-            other => ApiError::Internal(other.to_string()),
         }
     }
 }
@@ -330,7 +158,12 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::every_api_error as every_variant;
+    use crate::scheduler::TranslateError;
+    use strum::IntoEnumIterator;
+
+    fn every_variant() -> Vec<ApiError> {
+        ApiError::iter().collect()
+    }
 
     #[test]
     fn every_variant_has_a_distinct_type_and_an_error_status() {

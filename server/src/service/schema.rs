@@ -1,4 +1,4 @@
-//! Schemas for the generated OpenAPI document ([`crate::http::ApiDoc`]) of types that cannot
+//! Schemas for the generated OpenAPI document (the HTTP API's `ApiDoc`) of types that cannot
 //! derive `utoipa::ToSchema` here: the model package's enums that `GET /models` shows, and
 //! the engine's that a translation reports (the engine links no web framework).
 //!

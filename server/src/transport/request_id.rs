@@ -1,8 +1,8 @@
 //! The request id, one rule for HTTP and gRPC: the client's `x-request-id` when it is short
 //! printable ASCII, otherwise a new UUID.
 //!
-//! [`RequestIdLayer`] sits in front of both APIs (the axum router of [`crate::http::app`] and
-//! the tonic server of [`crate::grpc::serve_with`]): it gives each request its id once, in the
+//! [`RequestIdLayer`] sits in front of both APIs (the axum router of `http::app` and the
+//! tonic server of `grpc::serve_with`): it gives each request its id once, in the
 //! request's extensions where the handlers and the other layers read it for their spans, and
 //! returns it in the `x-request-id` header of the answer (for gRPC, the response metadata of an
 //! answer and of an error status alike).

@@ -2,12 +2,19 @@
 //! Timeouts are a few hundred milliseconds; the upper bounds are generous for a loaded
 //! machine, the lower ones are the timeouts themselves.
 
-use super::*;
-use crate::infer::{Infer, RequestLimits};
-use crate::scheduler::{Batching, SchedulerConfig};
-use crate::testing::{self, CopyBackend};
+use std::time::Duration;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::scheduler::{Batching, SchedulerConfig};
+use crate::service::{Infer, RequestLimits};
+use crate::testing::{self, CopyBackend};
+use crate::transport::{grpc, http};
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(30);
@@ -75,7 +82,7 @@ async fn start(setup: Setup) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let infer = infer(setup.step_delay);
-    let app = crate::http::app_with_body_timeout(infer.clone(), setup.body_read);
+    let app = http::app_with_body_timeout(infer.clone(), setup.body_read);
     let timeouts = Timeouts {
         header_read: setup.header_read,
         keep_alive: setup.keep_alive,
@@ -430,12 +437,12 @@ async fn shutdown_closes_connections_without_a_request_at_once_and_answers_the_r
 async fn start_grpc(preface_timeout: Duration) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let options = crate::grpc::GrpcOptions {
+    let options = grpc::GrpcOptions {
         preface_timeout,
         keepalive_interval: None,
     };
     let shutdown = CancellationToken::new();
-    let served = crate::grpc::serve_with(
+    let served = grpc::serve_with(
         infer(Duration::ZERO),
         listener,
         options,

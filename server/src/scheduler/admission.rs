@@ -8,8 +8,9 @@
 //! stop at EOS well before the budget of free decoding, and exactly at it for exact lengths).
 //! Throughput is the same tokens (sources encoded, rows stepped) per second of the worker's
 //! busy time, a moving average. Both start from priors and follow the measurements within
-//! seconds. The expected finish comes from running the scheduler's own row policy forward on
-//! these sizes ([`Replay`]): when the new request's texts get rows, and when they end.
+//! seconds. The expected finish comes from running the scheduler's own row policy
+//! ([`RowPolicy::fill`]) forward on these sizes ([`Replay`]): when the new request's texts get
+//! rows, and when they end.
 //!
 //! Two cases are never refused by the estimate. A request that can join the running batch at
 //! once (nothing waits, and there are rows for all its texts) waits for nobody; admitting it is
@@ -19,9 +20,10 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::scheduler::Batching;
+use super::policy::{Batching, JobId, RowPolicy, Rows, Tag, Turn};
 use nmt_engine::decode::DecodeInput;
 
 /// Throughput assumed before the worker has measured any, in tokens per second: below what
@@ -56,9 +58,8 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// What the door checks requests against.
 #[derive(Clone, Debug)]
 pub struct AdmissionPolicy {
-    pub batching: Batching,
-    pub max_batch_size: usize,
-    pub max_batch_tokens: usize,
+    /// How the worker gives rows, which the estimate replays.
+    pub rows: RowPolicy,
     /// Most requests waiting for the batch (a backstop).
     pub max_queued_requests: usize,
     /// Longest expected time to finish that a request is accepted with.
@@ -207,8 +208,8 @@ pub struct FinishedText {
 /// turn names them.)
 #[derive(Clone, Debug, Default)]
 pub struct Progress {
-    /// A job's next waiting text joined the batch (once per text; a job's texts join in order).
-    pub joined: Vec<JobId>,
+    /// A job's next waiting text joined the batch (a job's texts join in order).
+    pub joined: Vec<Tag>,
     /// Every row of the batch took a decoder step.
     pub stepped: bool,
     pub finished: Vec<FinishedText>,
@@ -217,10 +218,6 @@ pub struct Progress {
     /// Tokens processed: sources encoded and rows stepped.
     pub processed: u64,
 }
-
-/// A request the door accepted, numbered in the order of acceptance: the order in which jobs
-/// holding as many rows take free ones.
-pub type JobId = u64;
 
 /// One accepted text, as the door counts it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -241,8 +238,6 @@ struct JobLoad {
     waiting: VecDeque<TextLoad>,
     /// In the batch, by text index.
     running: BTreeMap<usize, TextLoad>,
-    /// The index of the first waiting text.
-    next: usize,
     /// When it was accepted and the replay's estimate of its finish then (before the
     /// lateness factor); `None` when the door took it without one.
     estimate: Option<(Instant, Duration)>,
@@ -370,8 +365,8 @@ impl Load {
             });
         }
         let rows = self.batch_rows();
-        let room = match policy.batching {
-            Batching::Continuous => rows + inputs.len() <= policy.max_batch_size,
+        let room = match policy.rows.batching {
+            Batching::Continuous => rows + inputs.len() <= policy.rows.max_batch_size,
             Batching::Off => rows == 0,
         };
         let joins_at_once = self.waiting_texts() == 0 && room;
@@ -380,7 +375,7 @@ impl Load {
             let factor = self.lateness.factor();
             let limit =
                 policy.max_queue_wait.as_secs_f64() * self.throughput.tokens_per_second() / factor;
-            let tokens = match policy.batching {
+            let tokens = match policy.rows.batching {
                 Batching::Continuous => Replay::new(policy, &self.jobs, &job).run(limit as u64),
                 // One job at a time: everything accepted comes first.
                 Batching::Off => self.work() + job.work(),
@@ -406,13 +401,12 @@ impl Load {
 
     /// Counts what the worker did in a turn that kept it `busy`.
     pub fn apply(&mut self, progress: &Progress, busy: Duration) {
-        for id in &progress.joined {
+        for (id, index) in &progress.joined {
             let Some(job) = self.jobs.get_mut(id) else {
                 continue;
             };
             if let Some(text) = job.waiting.pop_front() {
-                job.running.insert(job.next, text);
-                job.next += 1;
+                job.running.insert(*index, text);
             }
         }
         if progress.stepped {
@@ -448,11 +442,45 @@ impl Load {
     }
 }
 
-/// The scheduler's policy run forward on the expected sizes, to tell when a new job would
-/// finish: rows end after their expected steps, and each free row goes to the waiting job
-/// holding the fewest rows, the earliest on a tie (`Worker::next_in_turn` in
-/// [`crate::scheduler`]), within the batch's row and token limits. Time is counted in the
-/// tokens processed, as the worker's throughput is: every row's step, every source encoded.
+/// One worker's door: the load it has accepted and the policy it checks new requests against.
+/// The worker reports its progress to it once a turn ([`Progress`]); requests read it from
+/// their own threads.
+pub struct Door {
+    load: Mutex<Load>,
+    pub policy: AdmissionPolicy,
+}
+
+impl Door {
+    pub fn new(policy: AdmissionPolicy) -> Self {
+        Door {
+            load: Mutex::new(Load::default()),
+            policy,
+        }
+    }
+
+    pub fn load(&self) -> MutexGuard<'_, Load> {
+        // The load is plain numbers, consistent after any statement: a panic elsewhere while
+        // it was held leaves nothing half-done.
+        self.load.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The worker a new request goes to, and how long it would expect to wait there: the one
+/// expected to finish its accepted work first (the first on a tie, so a lone client keeps to
+/// one worker).
+pub fn least_loaded(doors: &[Arc<Door>]) -> (usize, Duration) {
+    doors
+        .iter()
+        .map(|door| door.load().expected_wait())
+        .enumerate()
+        .min_by_key(|&(_, wait)| wait)
+        .unwrap_or_default()
+}
+
+/// The scheduler's row policy ([`RowPolicy::fill`]) run forward on the expected sizes, to
+/// tell when a new job would finish: rows end after their expected steps, and free rows go to
+/// waiting texts as the worker gives them. Time is counted in the tokens processed, as the
+/// worker's throughput is: every row's step, every source encoded.
 ///
 /// A closed formula got this wrong. Processor sharing (each job ahead delays a new one by
 /// the lesser of their works) assumes every job is served at once; but a job cannot hold
@@ -460,7 +488,7 @@ impl Load {
 /// and under a 10x overload the formula promised about 1.7x too little
 /// (`docs/benchmarks/overload-by-wait.md`).
 struct Replay<'a> {
-    policy: &'a AdmissionPolicy,
+    policy: RowPolicy,
     /// Running rows: the step each ends at, its job and its token budget.
     rows: BinaryHeap<Reverse<(u64, JobId, usize)>>,
     /// Each job's waiting texts and how many of them have joined.
@@ -468,7 +496,7 @@ struct Replay<'a> {
     /// Rows each job holds.
     held: BTreeMap<JobId, usize>,
     /// Jobs with texts waiting, in the order they take free rows.
-    turn: BTreeSet<(usize, JobId)>,
+    turn: BTreeSet<Turn>,
     batch_tokens: usize,
     step: u64,
     tokens: u64,
@@ -478,13 +506,9 @@ impl<'a> Replay<'a> {
     /// The new job's id: after every accepted one.
     const NEW: JobId = JobId::MAX;
 
-    fn new(
-        policy: &'a AdmissionPolicy,
-        jobs: &'a BTreeMap<JobId, JobLoad>,
-        new: &'a JobLoad,
-    ) -> Self {
+    fn new(policy: &AdmissionPolicy, jobs: &'a BTreeMap<JobId, JobLoad>, new: &'a JobLoad) -> Self {
         let mut replay = Replay {
-            policy,
+            policy: policy.rows,
             rows: BinaryHeap::new(),
             waiting: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -504,10 +528,11 @@ impl<'a> Replay<'a> {
                     .push(Reverse((text.steps.max(1), id, text.budget)));
                 replay.batch_tokens += text.budget;
             }
-            replay.held.insert(id, job.running.len());
+            let held = job.running.len();
+            replay.held.insert(id, held);
             if !job.waiting.is_empty() {
                 replay.waiting.insert(id, (&job.waiting, 0));
-                replay.turn.insert((job.running.len(), id));
+                replay.turn.insert(Turn { held, job: id });
             }
         }
         replay
@@ -521,7 +546,8 @@ impl<'a> Replay<'a> {
             .get(&Self::NEW)
             .map_or(0, |(texts, _)| texts.len());
         loop {
-            self.fill();
+            let policy = self.policy;
+            policy.fill(&mut self);
             let Some(&Reverse((end, _, _))) = self.rows.peek() else {
                 return self.tokens;
             };
@@ -534,8 +560,14 @@ impl<'a> Replay<'a> {
                 self.rows.pop();
                 self.batch_tokens -= budget;
                 let held = self.held.get_mut(&id).expect("a job with rows");
-                if self.turn.remove(&(*held, id)) {
-                    self.turn.insert((*held - 1, id));
+                if self.turn.remove(&Turn {
+                    held: *held,
+                    job: id,
+                }) {
+                    self.turn.insert(Turn {
+                        held: *held - 1,
+                        job: id,
+                    });
                 }
                 *held -= 1;
                 if id == Self::NEW {
@@ -550,32 +582,35 @@ impl<'a> Replay<'a> {
             }
         }
     }
+}
 
-    /// Waiting texts take free rows while they fit, as the worker's `admit` has them.
-    fn fill(&mut self) {
-        while self.rows.len() < self.policy.max_batch_size {
-            let Some(&(held, id)) = self.turn.first() else {
-                return;
-            };
-            let (texts, joined) = self.waiting.get_mut(&id).expect("a waiting job");
-            let text = texts[*joined];
-            // Alone, any text runs: one larger than the token limit must not starve.
-            if !self.rows.is_empty()
-                && self.batch_tokens + text.budget > self.policy.max_batch_tokens
-            {
-                return;
-            }
-            *joined += 1;
-            self.turn.remove(&(held, id));
-            if *joined < texts.len() {
-                self.turn.insert((held + 1, id));
-            }
-            *self.held.get_mut(&id).expect("every job") += 1;
-            self.tokens += text.source;
-            self.batch_tokens += text.budget;
-            self.rows
-                .push(Reverse((self.step + text.steps.max(1), id, text.budget)));
+impl Rows for Replay<'_> {
+    fn batch(&self) -> (usize, usize) {
+        (self.rows.len(), self.batch_tokens)
+    }
+
+    fn next_in_turn(&self) -> Option<(JobId, usize)> {
+        let turn = self.turn.first()?;
+        let (texts, joined) = &self.waiting[&turn.job];
+        Some((turn.job, texts[*joined].budget))
+    }
+
+    fn take(&mut self, job: JobId) -> bool {
+        let (texts, joined) = self.waiting.get_mut(&job).expect("a waiting job");
+        let text = texts[*joined];
+        *joined += 1;
+        let more = *joined < texts.len();
+        let held = self.held.get_mut(&job).expect("every job");
+        self.turn.remove(&Turn { held: *held, job });
+        *held += 1;
+        if more {
+            self.turn.insert(Turn { held: *held, job });
         }
+        self.tokens += text.source;
+        self.batch_tokens += text.budget;
+        self.rows
+            .push(Reverse((self.step + text.steps.max(1), job, text.budget)));
+        more
     }
 }
 
@@ -585,9 +620,11 @@ mod tests {
 
     fn policy() -> AdmissionPolicy {
         AdmissionPolicy {
-            batching: Batching::Continuous,
-            max_batch_size: 4,
-            max_batch_tokens: 10_000,
+            rows: RowPolicy {
+                batching: Batching::Continuous,
+                max_batch_size: 4,
+                max_batch_tokens: 10_000,
+            },
             max_queued_requests: 100,
             max_queue_wait: Duration::from_secs(10),
         }
@@ -627,7 +664,6 @@ mod tests {
                     budget: 100,
                 },
             );
-            job.next = 1;
             load.jobs.insert(load.next_job, job);
             load.next_job += 1;
         }
@@ -821,7 +857,6 @@ mod tests {
         for index in 0..4 {
             big.running.insert(index, text_load);
         }
-        big.next = 4;
         big.waiting = vec![text_load; 56].into();
         load.jobs.insert(0, big);
         load.next_job = 1;
@@ -845,10 +880,8 @@ mod tests {
     #[test]
     fn the_batchs_token_limit_holds_texts_back_in_the_replay_too() {
         // Room for 4 rows but only 250 tokens: two texts of budget 100 at a time.
-        let policy = AdmissionPolicy {
-            max_batch_tokens: 250,
-            ..policy()
-        };
+        let mut policy = policy();
+        policy.rows.max_batch_tokens = 250;
         let mut load = measured(1000.0);
         waiting_jobs(&mut load, 3, 10, 90);
         // Two join and run 90 steps (200), then the third and the new one (200).
@@ -871,7 +904,7 @@ mod tests {
             .admit(&policy, &[text(10, 500), text(10, 500)])
             .unwrap();
         let joined = Progress {
-            joined: vec![two, two],
+            joined: vec![(two, 0), (two, 1)],
             ..Progress::default()
         };
         load.apply(&joined, Duration::ZERO);
@@ -885,10 +918,8 @@ mod tests {
         assert!(idle.admit(&policy, &vec![text(10, 90); 64]).is_ok());
         // Without batching a request joins at once only into an empty batch, and a small
         // one waits for all of a big one.
-        let off = AdmissionPolicy {
-            batching: Batching::Off,
-            ..policy.clone()
-        };
+        let mut off = policy.clone();
+        off.rows.batching = Batching::Off;
         let mut load = measured(100.0);
         running_jobs(&mut load, 1, 1_000);
         assert!(load.admit(&off, &[text(10, 90)]).is_err());
@@ -920,7 +951,7 @@ mod tests {
         assert_eq!(load.jobs.keys().collect::<Vec<_>>(), vec![&second]);
         // The worker encodes the text's source and takes 30 steps in 10 ms...
         let joined = Progress {
-            joined: vec![second],
+            joined: vec![(second, 0)],
             stepped: true,
             processed: 11,
             ..Progress::default()
@@ -960,7 +991,7 @@ mod tests {
         let third = load.admit(&policy, &vec![text(10, 90); 3]).unwrap();
         load.apply(
             &Progress {
-                joined: vec![third],
+                joined: vec![(third, 0)],
                 removed: vec![third],
                 ..Progress::default()
             },

@@ -1,10 +1,14 @@
 //! The translation service, whatever the transport: validation, the model's queue, timing
-//! and metrics. HTTP ([`crate::http`]) and gRPC ([`crate::grpc`]) only convert their wire
-//! types to a [`TranslateRequest`] and map [`ApiError`]s to their own status codes.
+//! and metrics. The HTTP and gRPC APIs only convert their wire types to a [`TranslateRequest`]
+//! and map [`ApiError`]s to their own status codes.
 //!
 //! As in text-generation-inference's `validation.rs`, the model only ever sees checked input:
 //! [`Infer::validate`] turns a request into a [`ValidRequest`] (texts tokenized and within
 //! every limit, a model chosen, a length budget per text) before anything is queued.
+
+pub mod error;
+pub mod schema;
+pub mod types;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,88 +16,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nmt_engine::decode::StopReason;
-use nmt_engine::length::{LengthMode, LengthRequest, LengthSource};
-use nmt_engine::limits::LimitSource;
+use nmt_engine::length::LengthRequest;
 use nmt_engine::pipeline::{Pipeline, Prediction, ValidText, PREDICTION_CHUNK};
-use serde::{Deserialize, Serialize};
 use tracing::Instrument;
-use utoipa::ToSchema;
 
 pub use nmt_engine::limits::RequestLimits;
 
-use crate::error::ApiError;
 use crate::metrics::{input_length_bucket, Metrics};
-use crate::openapi;
 use crate::scheduler::{Finished, Translator};
 
-/// A translation request as every transport delivers it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TranslateRequest {
-    pub texts: Vec<String>,
-    /// The model's name; `None` for the default model.
-    pub model: Option<String>,
-    pub length: LengthRequest,
-    /// `no_repeat_ngram_size`; `None` for the server's default.
-    pub no_repeat_ngram_size: Option<usize>,
-}
-
-/// One text's translation. Fields that do not apply are left out, never `null`.
-// `nullable = false`: utoipa takes an `Option` for `null`, serde here for absent.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct Translation {
-    /// The translated text.
-    pub text: String,
-    /// Subword tokens of the input (EOS not counted).
-    pub source_tokens: usize,
-    /// Subword tokens generated (EOS not counted).
-    pub output_tokens: usize,
-    /// The target length this text was decoded for, in subword tokens; absent for free
-    /// decoding.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub target_length: Option<usize>,
-    /// Where `target_length` came from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, value_type = Option<openapi::LengthSourceSchema>)]
-    pub length_source: Option<LengthSource>,
-    /// The predicted natural length (subwords, unrounded), when a prediction was made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
-    pub predicted_length: Option<f64>,
-    /// How `target_length` was met; absent for free decoding.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, value_type = Option<openapi::LengthModeSchema>)]
-    pub length_mode: Option<LengthMode>,
-    /// The translation was longer than `max_chars` and was cut at the last word boundary that
-    /// fits.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    #[schema(default = false)]
-    pub truncated: bool,
-}
-
-impl From<nmt_engine::Translation> for Translation {
-    fn from(t: nmt_engine::Translation) -> Self {
-        Translation {
-            text: t.text,
-            source_tokens: t.source_tokens,
-            output_tokens: t.output_tokens,
-            target_length: t.target_length,
-            length_source: t.length_source,
-            predicted_length: t.predicted_length,
-            length_mode: t.length_mode,
-            truncated: t.truncated,
-        }
-    }
-}
-
-/// The answer to `POST /translate`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct TranslateResponse {
-    /// The model that translated.
-    pub model: String,
-    /// One per input text, in input order.
-    pub translations: Vec<Translation>,
-}
+pub use error::ApiError;
+pub use types::{
+    ModelInfo, ModelLimits, PredictionKind, TranslateRequest, TranslateResponse, Translation,
+    Variant,
+};
 
 /// One served model: the engine's pipeline for it, its worker, and what `/models` says.
 pub struct Model {
@@ -114,76 +50,6 @@ impl Model {
     pub fn name(&self) -> &str {
         &self.pipeline.name
     }
-}
-
-/// One entry of `GET /models`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct ModelInfo {
-    /// The model's name, as requests give it in `model`.
-    pub name: String,
-    /// Whether requests that name no model get this one.
-    pub default: bool,
-    pub source_language: String,
-    pub target_language: String,
-    pub variant: Variant,
-    pub limits: ModelLimits,
-    /// Whether the decoder plans a translation of a given length (LDPE/LRPE), so that
-    /// `length_mode` `soft` can be used.
-    pub length_aware: bool,
-    /// What `target_length` `"auto"` uses: the package's learned predictor (the linear fit
-    /// for sources too long for it), a linear fit on the source length, or nothing (`"auto"`
-    /// refused unless the model is length-aware, which then uses the source length).
-    pub length_prediction: PredictionKind,
-    /// Number format of the model's weights: `int8` packages (`nmt-export quantize`) are
-    /// smaller and faster on CPU, and may translate slightly differently from their `float32`
-    /// original.
-    #[schema(value_type = openapi::PrecisionSchema)]
-    pub precision: model_package::Precision,
-    /// What text the model was trained on: it translates these domains well and others
-    /// poorly. Empty when the package does not say.
-    pub domains: Vec<String>,
-}
-
-/// What `target_length` `"auto"` uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PredictionKind {
-    /// The package's learned predictor (with the linear fit for sources too long for it).
-    Predictor,
-    /// A linear fit on the source length only.
-    LinearFit,
-    /// None: `"auto"` is refused (or, for a length-aware model, the source length is used).
-    None,
-}
-
-/// How a model knows positions (the preset and its switches).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct Variant {
-    /// The named preset the model was configured from.
-    pub preset: String,
-    #[schema(value_type = openapi::ArchitectureSchema)]
-    pub architecture: model_package::Architecture,
-    #[schema(value_type = openapi::AbsolutePositionSchema)]
-    pub absolute_position: model_package::AbsolutePosition,
-    #[schema(value_type = openapi::RelativeAttentionSchema)]
-    pub relative_attention: model_package::RelativeAttention,
-    #[schema(value_type = openapi::RecurrentPositionSchema)]
-    pub recurrent_position: model_package::RecurrentPosition,
-    #[schema(value_type = openapi::LengthEncodingSchema)]
-    pub length_encoding: model_package::LengthEncoding,
-}
-
-/// The limits a request to this model meets.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct ModelLimits {
-    /// Most subword tokens per input text.
-    pub max_input_tokens: usize,
-    /// Whether that limit is the model's own (`model`: it has absolute positions and declares
-    /// the longest input it can take) or the server's (`--max-input-tokens`).
-    #[schema(value_type = openapi::LimitSourceSchema)]
-    pub input_limit_from: LimitSource,
-    /// Most subword tokens generated per text.
-    pub max_output_tokens: usize,
 }
 
 /// A request that passed every check: its model and its texts, each planned before it is

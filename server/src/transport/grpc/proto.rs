@@ -1,0 +1,3 @@
+//! The types and the server and client generated from `proto/translate.proto`.
+
+tonic::include_proto!("nmt.v1");

@@ -1,0 +1,119 @@
+//! The request body, read whole before the handler and parsed as JSON, with every way that can
+//! fail answered as an [`ApiError`].
+
+use std::time::Duration;
+
+use axum::body::{Body, HttpBody};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::service::{ApiError, Infer};
+use crate::transport::error::ErrorType;
+
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    pub read_timeout: Duration,
+}
+
+/// Reads the whole body before the handler runs, so that a client sending it slowly or not at
+/// all gets a 408 and frees its connection (the request timeout only starts once the request
+/// is in), and refuses a body that its `Content-Length` declares over the limit before reading
+/// a byte of it.
+pub async fn read_body(State(limits): State<BodyLimits>, request: Request, next: Next) -> Response {
+    let too_large = || {
+        closing(ApiError::PayloadTooLarge(format!(
+            "request body is larger than the limit of {} bytes",
+            limits.max_bytes
+        )))
+    };
+    // hyper's lower bound is the declared `Content-Length` (0 for a chunked body).
+    if request.body().size_hint().lower() > limits.max_bytes as u64 {
+        return too_large();
+    }
+    let (parts, body) = request.into_parts();
+    let body = Limited::new(body, limits.max_bytes).collect();
+    match tokio::time::timeout(limits.read_timeout, body).await {
+        Ok(Ok(body)) => {
+            let request = Request::from_parts(parts, Body::from(body.to_bytes()));
+            next.run(request).await
+        }
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => too_large(),
+        Ok(Err(e)) => match io_cause(&*e) {
+            Some(cause) if client_left(cause) => {
+                // Not the request's fault, and nobody left to read an answer: not an error of
+                // the API (the answer below only reaches a client that half-closed).
+                tracing::debug!("the client closed the connection mid-body: {cause}");
+                let mut response = closing(ApiError::MalformedRequest(format!(
+                    "the connection closed before the request body was complete: {cause}"
+                )));
+                response.extensions_mut().remove::<ErrorType>();
+                response
+            }
+            // hyper's body decoder: a chunk size that is not hexadecimal, a missing CRLF.
+            cause => closing(ApiError::MalformedRequest(format!(
+                "the request body is not well-formed: {}",
+                cause.map_or_else(|| e.to_string(), ToString::to_string)
+            ))),
+        },
+        Err(_) => closing(ApiError::BodyTimeout(format!(
+            "the request body did not arrive within {} s of the request head",
+            limits.read_timeout.as_secs_f64()
+        ))),
+    }
+}
+
+/// The I/O error under a body error (hyper reports its decoder's and the socket's that way).
+fn io_cause<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a std::io::Error> {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        cause = error.source();
+    }
+    None
+}
+
+/// The connection ended before the body did: end of stream mid-body, or a reset.
+fn client_left(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        error.kind(),
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+    )
+}
+
+/// The rest of an unread body may still be on its way: only closing the connection after the
+/// answer avoids reading it.
+fn closing(error: ApiError) -> Response {
+    let mut response = error.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// `Json<T>` whose rejections come back as [`ApiError`]s.
+pub struct ApiJson<T>(pub T);
+
+impl<T> FromRequest<Infer> for ApiJson<T>
+where
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Infer) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(ApiError::from_json_rejection(
+                rejection,
+                state.limits().max_body_bytes,
+            )),
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! What the handlers read and write that is the HTTP API's own (the service's answers are sent
+//! as they are), with the schemas the OpenAPI document gives them.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::response::{Response as ResponseObject, ResponseBuilder};
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::{ContentBuilder, HeaderBuilder, RefOr};
+use utoipa::{PartialSchema, ToResponse, ToSchema};
+
+use crate::service::schema::LengthModeSchema;
+use crate::service::{ModelInfo, TranslateRequest};
+use crate::transport::error::ErrorBody;
+use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+
+/// `text` is a single string or a list of strings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Texts {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for Texts {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextsVisitor;
+        impl<'de> Visitor<'de> for TextsVisitor {
+            type Value = Texts;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Texts, E> {
+                Ok(Texts::One(v.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Texts, E> {
+                Ok(Texts::One(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Texts, A::Error> {
+                let mut texts = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(text) = seq.next_element::<String>()? {
+                    texts.push(text);
+                }
+                Ok(Texts::Many(texts))
+            }
+        }
+        deserializer.deserialize_any(TextsVisitor)
+    }
+}
+
+impl PartialSchema for Texts {
+    fn schema() -> RefOr<Schema> {
+        let string = || ObjectBuilder::new().schema_type(Type::String);
+        // An empty list gets past serde, to be refused as `empty_text`.
+        OneOfBuilder::new()
+            .item(string())
+            .item(ArrayBuilder::new().items(string()).min_items(Some(1)))
+            .into()
+    }
+}
+
+impl ToSchema for Texts {}
+
+impl Texts {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Texts::One(text) => vec![text],
+            Texts::Many(texts) => texts,
+        }
+    }
+}
+
+/// The schema of `target_length` ([`TargetLength`], whose serde implementation is the one
+/// parser of it): a positive integer, `"source"` or `"auto"`.
+pub struct TargetLengthSchema;
+
+impl PartialSchema for TargetLengthSchema {
+    fn schema() -> RefOr<Schema> {
+        // serde takes 0 too, which validation refuses as `invalid_target_length`.
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(1)),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some([TargetLength::SOURCE, TargetLength::AUTO])),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for TargetLengthSchema {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "TargetLength".into()
+    }
+}
+
+/// Body of `POST /translate`: a JSON object (serde would also accept an array for a
+/// derived struct; the API does not).
+pub struct TranslateBody(pub TranslateRequest);
+
+/// The body of `POST /translate`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = TranslateRequest)]
+pub struct TranslateFields {
+    /// One text or a list (at most `--max-texts-per-request`); none may be empty.
+    text: Texts,
+    /// A served model's name; the default model when absent.
+    #[serde(default)]
+    model: Option<String>,
+    /// Output length in subword tokens (EOS not counted): a number, `"source"` (each text's
+    /// own length), or `"auto"` (the length predicted for each text by the package's length
+    /// predictor, or its linear fit on the source length). A length-aware model (`GET
+    /// /models`, `length_aware`) asked for none uses `"auto"`. Models without a length
+    /// encoding accept a target only with `length_mode` `"exact"`.
+    #[serde(default)]
+    #[schema(value_type = Option<TargetLengthSchema>)]
+    target_length: Option<TargetLength>,
+    /// `soft`: the decoder's length encoding plans a sentence of the target length, which may
+    /// end a little early or late (length-aware models only; 422 `unsupported` otherwise).
+    /// `exact`: end-of-sentence is masked before the target and forced at it, on any model.
+    #[serde(default)]
+    #[schema(value_type = Option<LengthModeSchema>, default = "soft")]
+    length_mode: Option<LengthMode>,
+    /// At most this many characters per translation: mapped to subwords with the model's
+    /// characters per subword (the natural length is kept when shorter), checked after
+    /// detokenization; a translation still longer is decoded once more for fewer subwords,
+    /// then cut at the last word boundary that fits (`truncated`: true).
+    // The maximum is `length::MAX_CHARS_LIMIT` (utoipa takes only a literal; a test compares).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 100000)]
+    max_chars: Option<usize>,
+    /// No n-gram of this many subword tokens appears twice in a translation: a token that
+    /// would repeat one gives way to the model's next choice (CTranslate2's and Hugging
+    /// Face's option of this name). 0 turns it off; absent, the server's
+    /// `--no-repeat-ngram-size`.
+    // The maximum is `logits::MAX_NO_REPEAT_NGRAM_SIZE` (a test compares).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 64)]
+    no_repeat_ngram_size: Option<usize>,
+}
+
+impl<'de> Deserialize<'de> for TranslateBody {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor;
+        impl<'de> Visitor<'de> for ObjectVisitor {
+            type Value = TranslateBody;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "a JSON object with `text` and optionally `model`, `target_length`, \
+                     `length_mode`, `max_chars` and `no_repeat_ngram_size`",
+                )
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let fields =
+                    TranslateFields::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(TranslateBody(TranslateRequest {
+                    texts: fields.text.into_vec(),
+                    model: fields.model,
+                    length: LengthRequest {
+                        target: fields.target_length,
+                        mode: fields.length_mode.unwrap_or_default(),
+                        max_chars: fields.max_chars,
+                    },
+                    no_repeat_ngram_size: fields.no_repeat_ngram_size,
+                }))
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+/// `GET /health`'s answer.
+#[derive(Serialize, ToSchema)]
+pub struct Health {
+    #[schema(inline)]
+    pub status: Alive,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Alive {
+    Ok,
+}
+
+/// `GET /ready`'s answer when ready.
+#[derive(Serialize, ToSchema)]
+pub struct Readiness {
+    #[schema(inline)]
+    pub status: Ready,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Ready {
+    Ready,
+}
+
+/// `GET /models`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Models {
+    /// The model of requests that name none.
+    pub default: String,
+    pub models: Vec<ModelInfo>,
+}
+
+/// An error answer: `{error, error_type}` (`#/components/responses/Error`).
+pub struct ErrorResponse;
+
+impl<'r> ToResponse<'r> for ErrorResponse {
+    fn response() -> (&'r str, RefOr<ResponseObject>) {
+        ("Error", error_response("An error").into())
+    }
+}
+
+/// An error answer that may say when to retry (`#/components/responses/Retry`): 429
+/// `overloaded` and 503 `not_ready` carry `Retry-After`, 503 `unavailable` does not.
+pub struct RetryResponse;
+
+impl<'r> ToResponse<'r> for RetryResponse {
+    fn response() -> (&'r str, RefOr<ResponseObject>) {
+        let retry_after = HeaderBuilder::new()
+            .schema(u64::schema())
+            .description(Some(
+                "Seconds to wait before sending the request again (`overloaded`, `not_ready`).",
+            ))
+            .build();
+        let response = error_response("Overloaded or not ready: retry after the given seconds")
+            .header("Retry-After", retry_after);
+        ("Retry", response.into())
+    }
+}
+
+fn error_response(description: &str) -> ResponseBuilder {
+    ResponseBuilder::new().description(description).content(
+        "application/json",
+        ContentBuilder::new()
+            .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                ErrorBody::name(),
+            ))))
+            .build(),
+    )
+}

@@ -1,0 +1,22 @@
+//! One harness for everything that drives a real `nmt-server` (the end-to-end tests in
+//! `tests/`, the benchmarks in `bench/`), so that starting it, reading its ports and stopping
+//! it are written once:
+//!
+//! - [`ServerProcess`]: the server as a child process, started with [`StartOptions`] and
+//!   ready once it has printed `listening on http://ADDR` and `grpc listening on ADDR`;
+//!   stopped with SIGTERM (then SIGKILL), and on drop.
+//! - [`workspace_binary`], [`release_binary`], [`shipped_package`]: where the workspace's
+//!   binaries and its default model package are.
+//! - [`ApiClient`]: the HTTP API, typed with the server's own wire types
+//!   ([`nmt_server::TranslateResponse`], [`nmt_server::ModelInfo`]), and
+//!   [`ApiClient::wait_ready`].
+//!
+//! Nothing here stands in for the server: it is always the real binary on loopback ports.
+
+mod binaries;
+mod client;
+mod process;
+
+pub use binaries::{release_binary, shipped_package, workspace_binary, workspace_root};
+pub use client::{ApiClient, TranslateReply};
+pub use process::{ServerProcess, StartOptions, Stderr};
