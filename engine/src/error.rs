@@ -11,7 +11,7 @@ use crate::logits::MAX_NO_REPEAT_NGRAM_SIZE;
 pub enum ValidationError {
     #[error("`text` is an empty list")]
     NoTexts,
-    #[error("text {index} is empty or only whitespace")]
+    #[error("text {index} is empty, or only whitespace and invisible characters")]
     EmptyText { index: usize },
     #[error("{count} texts in one request; the limit is {limit} (--max-texts-per-request)")]
     TooManyTexts { count: usize, limit: usize },

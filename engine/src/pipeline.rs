@@ -108,6 +108,39 @@ impl Translation {
     }
 }
 
+/// Whether `text` shows nothing: only whitespace, control characters and the characters
+/// Unicode marks default-ignorable (zero-width spaces and joiners, bidirectional marks, the
+/// soft hyphen, variation selectors, tags, the byte-order mark). Given such a text, a model
+/// invents a translation out of nothing; it is refused as empty instead.
+pub fn is_blank(text: &str) -> bool {
+    text.chars().all(|c| {
+        c.is_whitespace()
+            || c.is_control()
+            || matches!(
+                c,
+                '\u{00AD}'
+                    | '\u{034F}'
+                    | '\u{061C}'
+                    | '\u{115F}'
+                    | '\u{1160}'
+                    | '\u{17B4}'
+                    | '\u{17B5}'
+                    | '\u{180B}'..='\u{180F}'
+                    | '\u{200B}'..='\u{200F}'
+                    | '\u{202A}'..='\u{202E}'
+                    | '\u{2060}'..='\u{206F}'
+                    | '\u{3164}'
+                    | '\u{FE00}'..='\u{FE0F}'
+                    | '\u{FEFF}'
+                    | '\u{FFA0}'
+                    | '\u{FFF0}'..='\u{FFF8}'
+                    | '\u{1BCA0}'..='\u{1BCA3}'
+                    | '\u{1D173}'..='\u{1D17A}'
+                    | '\u{E0000}'..='\u{E0FFF}'
+            )
+    })
+}
+
 /// The encoder input of a text's subword `ids`: EOS appended, as the model was trained.
 pub fn source_ids(ids: &[u32], eos_id: u32) -> Vec<i64> {
     ids.iter()
@@ -164,7 +197,7 @@ impl Pipeline {
         length: LengthRequest,
         no_repeat_ngram_size: usize,
     ) -> Result<ValidText, EngineError> {
-        if text.trim().is_empty() {
+        if is_blank(&text) {
             return Err(ValidationError::EmptyText { index }.into());
         }
         let Prepared { ids, restore } = self
@@ -428,6 +461,35 @@ mod tests {
             valid[0].no_repeat_ngram_size,
             RequestLimits::default().no_repeat_ngram_size
         );
+    }
+
+    #[test]
+    fn texts_of_only_invisible_characters_are_empty() {
+        for blank in [
+            "",
+            " \n\t",
+            "\u{200B}",
+            "\u{FEFF}\u{200D} \u{2060}",
+            "\u{00AD}\u{E0041}",
+            "\u{0007}",
+        ] {
+            assert!(is_blank(blank), "{blank:?}");
+        }
+        for shown in ["a", "\u{200B}a", "é", "\u{1F600}", "\u{0301}", "½"] {
+            assert!(!is_blank(shown), "{shown:?}");
+        }
+        let p = pipeline(RequestLimits::default());
+        let refused = p.validate(
+            vec!["hello".into(), "\u{200B}\u{200B}".into()],
+            LengthRequest::default(),
+            None,
+        );
+        assert!(matches!(
+            refused,
+            Err(EngineError::Invalid(ValidationError::EmptyText {
+                index: 1
+            }))
+        ));
     }
 
     #[test]

@@ -178,6 +178,9 @@ async fn empty_texts_are_422() {
         r#"{"text": []}"#,
         r#"{"text": ""}"#,
         r#"{"text": ["hello", "  \n"]}"#,
+        // Invisible characters only: a model would invent a translation out of nothing.
+        r#"{"text": ["hello", "\u200b\u200d"]}"#,
+        r#"{"text": "\ufeff \u2060\u00ad"}"#,
     ] {
         let (status, json) = post(body).await;
         let (status, ty, message) = error_of(status, json);
@@ -931,4 +934,51 @@ fn every_field_set() -> Translation {
         length_mode: Some(LengthMode::Soft),
         truncated: true,
     }
+}
+
+#[tokio::test]
+async fn no_response_lets_a_browser_sniff_its_type() {
+    let app = app(state_with(CopyBackend::default()));
+    for request in [
+        post_json(r#"{"text": "<script>hello</script>"}"#),
+        post_json(r#"{"text": []}"#),
+        Request::get("/models").body(Body::empty()).unwrap(),
+        Request::get("/nowhere").body(Body::empty()).unwrap(),
+    ] {
+        let uri = request.uri().clone();
+        let (_, headers, _) = send_full(app.clone(), request).await;
+        assert_eq!(
+            headers
+                .get(header::X_CONTENT_TYPE_OPTIONS)
+                .map(|v| v.as_bytes()),
+            Some(&b"nosniff"[..]),
+            "{uri}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_length_mode_of_the_wrong_type_is_the_requests_fault() {
+    for mode in [
+        "5",
+        "true",
+        r#"["exact"]"#,
+        r#"{"exact": null}"#,
+        r#""fast""#,
+    ] {
+        let body = format!(r#"{{"text": "hello", "target_length": 2, "length_mode": {mode}}}"#);
+        let (status, json) = post(&body).await;
+        let (status, ty, message) = error_of(status, json);
+        assert_eq!(
+            (status, ty.as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
+            "{mode}: {message}"
+        );
+        assert!(message.contains("length_mode"), "{mode}: {message}");
+    }
+    let (status, _) =
+        post(r#"{"text": "hello", "target_length": 2, "length_mode": "exact"}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = post(r#"{"text": "hello", "length_mode": null}"#).await;
+    assert_eq!(status, StatusCode::OK);
 }

@@ -32,7 +32,8 @@ pub enum ApiError {
     /// The body is JSON but a field is missing, unknown or has the wrong type.
     #[error("{0}")]
     InvalidRequest(String),
-    /// The text list is empty, or one text is empty or only whitespace.
+    /// The text list is empty, or one text is empty or only whitespace and invisible
+    /// characters.
     #[error("{0}")]
     EmptyText(String),
     /// The request names a model this server does not serve.

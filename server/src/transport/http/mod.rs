@@ -19,7 +19,7 @@ pub mod web;
 use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::HeaderName;
+use axum::http::{header, HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -83,7 +83,13 @@ async fn request_context(State(infer): State<Infer>, request: Request, next: Nex
     );
     let started = Instant::now();
     let quiet = matches!(request.uri().path(), "/health" | "/ready" | "/metrics");
-    let response = next.run(request).instrument(span.clone()).await;
+    let mut response = next.run(request).instrument(span.clone()).await;
+    // Every body is JSON, text or the page, each with its type: a browser must not guess
+    // another (a translation echoing user text must never be run as a script).
+    response.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     let status = response.status().as_u16();
     if let Some(ErrorType(error_type)) = response.extensions().get::<ErrorType>() {
         infer.metrics().record_error(error_type);

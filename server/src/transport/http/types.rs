@@ -123,7 +123,7 @@ pub struct TranslateFields {
     /// `soft`: the decoder's length encoding plans a sentence of the target length, which may
     /// end a little early or late (length-aware models only; 422 `unsupported` otherwise).
     /// `exact`: end-of-sentence is masked before the target and forced at it, on any model.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "word_enum")]
     #[schema(value_type = Option<LengthModeSchema>, default = "soft")]
     length_mode: Option<LengthMode>,
     /// At most this many characters per translation: mapped to subwords with the model's
@@ -142,6 +142,32 @@ pub struct TranslateFields {
     #[serde(default)]
     #[schema(minimum = 0, maximum = 64)]
     no_repeat_ngram_size: Option<usize>,
+}
+
+/// An enum that JSON spells as one of its words (`"soft"`), or null. serde_json reads a number,
+/// a bool or an array where an enum is due as a syntax error (400 `invalid_json`), and an
+/// object `{"exact": null}` as the variant it names; a field that has the wrong type is the
+/// request's fault, not the JSON's (422 `invalid_request`), and only a word is a word.
+fn word_enum<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    match Option::<serde_json::Value>::deserialize(deserializer)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(word)) => {
+            T::deserialize(de::value::StrDeserializer::<D::Error>::new(&word)).map(Some)
+        }
+        Some(other) => Err(de::Error::invalid_type(
+            match &other {
+                serde_json::Value::Bool(b) => de::Unexpected::Bool(*b),
+                serde_json::Value::Number(_) => de::Unexpected::Other("a number"),
+                serde_json::Value::Array(_) => de::Unexpected::Seq,
+                _ => de::Unexpected::Map,
+            },
+            &"one of its words as a string",
+        )),
+    }
 }
 
 impl<'de> Deserialize<'de> for TranslateBody {
