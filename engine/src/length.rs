@@ -463,8 +463,9 @@ pub fn shorter_plan(
     }
 }
 
-/// `text` cut to at most `max_chars` characters at a word boundary (never mid-word), with
-/// trailing spaces and clause punctuation dropped; `None` when it already fits.
+/// `text` cut to at most `max_chars` characters at a word boundary, with trailing spaces and
+/// clause punctuation dropped; mid-word only when not even the first word fits; `None` when
+/// it already fits.
 pub fn cut_to_chars(text: &str, max_chars: usize) -> Option<String> {
     if text.chars().count() <= max_chars {
         return None;
@@ -480,10 +481,16 @@ pub fn cut_to_chars(text: &str, max_chars: usize) -> Option<String> {
     } else {
         head.rfind(char::is_whitespace).map_or("", |i| &head[..i])
     };
-    Some(
-        kept.trim_end_matches(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | ':' | '-'))
-            .to_string(),
-    )
+    let kept =
+        kept.trim_end_matches(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | ':' | '-'));
+    // No whole word fits: the budget's worth of the first one, rather than an empty answer
+    // to a text that had something to say (the response marks it cut).
+    let kept = if kept.is_empty() {
+        head.trim_end()
+    } else {
+        kept
+    };
+    Some(kept.to_string())
 }
 
 #[cfg(test)]
@@ -763,7 +770,12 @@ mod tests {
             cut_to_chars("Y dijo a él, ven", 11).as_deref(),
             Some("Y dijo a")
         );
-        assert_eq!(cut_to_chars("Bienaventurados", 5).as_deref(), Some(""));
+        // No whole word fits: the first one, cut.
+        assert_eq!(cut_to_chars("Bienaventurados", 5).as_deref(), Some("Biena"));
+        assert_eq!(
+            cut_to_chars("Bienaventurados son", 5).as_deref(),
+            Some("Biena")
+        );
         assert_eq!(cut_to_chars("año año", 5).as_deref(), Some("año"));
     }
 }

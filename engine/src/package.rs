@@ -119,6 +119,9 @@ pub fn check_tokenizer(manifest: &Manifest, tokenizer: &Tokenizer) -> anyhow::Re
 /// leading and trailing whitespace off and masks its placeholders, numbers, URLs, e-mail
 /// addresses and markup, and [`finish`](Self::finish) puts them back: they come out exactly
 /// as they went in, whatever the model makes of them.
+/// How byte-fallback pieces are written (`<0x41>`): what a text that spells one starts with.
+const BYTE_PIECE_PREFIX: &str = "<0x";
+
 #[derive(Clone)]
 pub struct TextCodec {
     tokenizer: std::sync::Arc<Tokenizer>,
@@ -227,12 +230,16 @@ impl TextCodec {
             .encode_fast(text, false)
             .map_err(|e| e.to_string())?;
         let spells_unk = text.contains(special::UNK_TOKEN);
-        if !spells_unk && !fast.get_ids().iter().any(|id| self.control.contains(id)) {
+        let spells_byte = text.contains(BYTE_PIECE_PREFIX);
+        if !spells_unk && !spells_byte && !fast.get_ids().iter().any(|id| self.control.contains(id))
+        {
             return Ok(fast.get_ids().to_vec());
         }
         // ...but a Unigram or BPE model whose vocabulary holds `</s>` or `<unk>` as a piece
-        // still finds it in the text: spell such pieces out character by character. (`<unk>`
-        // stays the id of characters the vocabulary lacks; only the written word is spelled.)
+        // still finds it in the text, and one with byte fallback finds its byte pieces
+        // (`<0x41>` stands for the byte 0x41, not for the six characters): spell such pieces
+        // out character by character. (`<unk>` stays the id of characters the vocabulary
+        // lacks and a byte piece the id of a byte it lacks; only the written word is spelled.)
         let encoding = self
             .tokenizer
             .encode(text, false)
@@ -241,19 +248,40 @@ impl TextCodec {
         for (&id, &(start, end)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
             let span = text.get(start..end).unwrap_or_default();
             let written_unk = Some(id) == self.unk && span == special::UNK_TOKEN;
-            if !self.control.contains(&id) && !written_unk {
+            let written_byte = span.starts_with(BYTE_PIECE_PREFIX)
+                && self.tokenizer.id_to_token(id).as_deref() == Some(span);
+            if !self.control.contains(&id) && !written_unk && !written_byte {
                 ids.push(id);
                 continue;
             }
             for ch in span.chars() {
-                let piece = self
-                    .tokenizer
-                    .token_to_id(ch.encode_utf8(&mut [0; 4]))
-                    .filter(|id| !self.control.contains(id));
-                ids.extend(piece.or(self.unk));
+                self.spell(ch, &mut ids);
             }
         }
         Ok(ids)
+    }
+
+    /// The id of `ch` as a piece of its own, else of its UTF-8 bytes (byte fallback), else
+    /// `<unk>`; never a control token's.
+    fn spell(&self, ch: char, ids: &mut Vec<u32>) {
+        let piece = |token: &str| {
+            self.tokenizer
+                .token_to_id(token)
+                .filter(|id| !self.control.contains(id))
+        };
+        if let Some(id) = piece(ch.encode_utf8(&mut [0; 4])) {
+            ids.push(id);
+            return;
+        }
+        let bytes: Option<Vec<u32>> = ch
+            .encode_utf8(&mut [0; 4])
+            .bytes()
+            .map(|b| piece(&format!("<0x{b:02X}>")))
+            .collect();
+        match bytes {
+            Some(bytes) => ids.extend(bytes),
+            None => ids.extend(self.unk),
+        }
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
@@ -265,6 +293,23 @@ impl TextCodec {
 mod tests {
     use super::*;
     use crate::testing::{manifest, tokenizer};
+
+    #[test]
+    fn a_written_byte_piece_is_text_not_a_byte() {
+        let codec = TextCodec::new(crate::testing::shipped_tokenizer());
+        let byte_a = codec
+            .tokenizer
+            .token_to_id("<0x41>")
+            .expect("byte fallback pieces");
+        for text in ["<0x41>", "see <0x41> and <0x4G>", "x<0x41><0x42>y"] {
+            let ids = codec.encode(text).unwrap();
+            assert!(!ids.contains(&byte_a), "{text}: {ids:?}");
+            assert_eq!(codec.decode(&ids).unwrap(), text, "{ids:?}");
+        }
+        // Byte fallback itself still works: a character the vocabulary lacks.
+        let ids = codec.encode("Ω").unwrap();
+        assert_eq!(codec.decode(&ids).unwrap(), "Ω");
+    }
 
     #[test]
     fn codec_round_trips_known_words() {
