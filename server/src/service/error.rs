@@ -54,6 +54,10 @@ pub enum ApiError {
     /// The body was sent without `Content-Type: application/json`.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// The body was sent with a transfer coding other than `chunked` (`gzip, chunked`): the
+    /// server would read compressed bytes as JSON.
+    #[error("{0}")]
+    UnsupportedTransferEncoding(String),
     /// No route for this path.
     #[error("{0}")]
     NotFound(String),

@@ -54,6 +54,8 @@ impl ApiError {
             | ApiError::InputTooLong(_)
             | ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            // RFC 9112 §6.1: a transfer coding the server does not understand is 501.
+            ApiError::UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -81,9 +83,10 @@ impl ApiError {
             | ApiError::TooManyTexts(_)
             | ApiError::InputTooLong(_) => Code::InvalidArgument,
             ApiError::ModelNotFound(_) => Code::NotFound,
-            ApiError::NotFound(_) | ApiError::MethodNotAllowed(_) | ApiError::Unsupported(_) => {
-                Code::Unimplemented
-            }
+            ApiError::NotFound(_)
+            | ApiError::MethodNotAllowed(_)
+            | ApiError::Unsupported(_)
+            | ApiError::UnsupportedTransferEncoding(_) => Code::Unimplemented,
             ApiError::PayloadTooLarge(_)
             | ApiError::UriTooLong(_)
             | ApiError::HeadersTooLarge(_)
@@ -192,7 +195,10 @@ mod tests {
                 | "too_many_texts"
                 | "input_too_long" => Code::InvalidArgument,
                 "model_not_found" => Code::NotFound,
-                "not_found" | "method_not_allowed" | "unsupported" => Code::Unimplemented,
+                "not_found"
+                | "method_not_allowed"
+                | "unsupported"
+                | "unsupported_transfer_encoding" => Code::Unimplemented,
                 "payload_too_large" | "uri_too_long" | "headers_too_large" | "overloaded" => {
                     Code::ResourceExhausted
                 }
@@ -204,10 +210,13 @@ mod tests {
             assert_eq!(error.grpc_code(), expected, "{}", error.error_type());
             // The server's faults in HTTP are the server's faults in gRPC. gRPC has one code
             // for deadlines, whoever was slow: a body that did not arrive is the client's.
+            // And HTTP's 501 for a transfer coding the server lacks is its own: HTTP/2 has
+            // no transfer codings, so gRPC never meets it.
             let server_side = matches!(
                 expected,
                 Code::Unavailable | Code::DeadlineExceeded | Code::Internal
-            ) && error.error_type() != "body_timeout";
+            ) && error.error_type() != "body_timeout"
+                || error.error_type() == "unsupported_transfer_encoding";
             assert_eq!(
                 error.status().is_server_error(),
                 server_side,

@@ -339,6 +339,23 @@ async fn a_broken_chunked_body_is_400() {
 }
 
 #[tokio::test]
+async fn a_body_in_a_transfer_coding_other_than_chunked_is_501() {
+    let server = start(Setup::default()).await;
+    let request = "POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+                   Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    let mut stream = connect(server.addr, request.as_bytes()).await;
+    let (answer, _) = read_until_closed(&mut stream).await;
+    let (line, body) = status_and_body(&answer);
+    assert_eq!(line, "HTTP/1.1 501 Not Implemented", "{answer}");
+    assert_eq!(
+        error_type(body),
+        "unsupported_transfer_encoding",
+        "{answer}"
+    );
+    assert!(body.contains("gzip, chunked"), "{answer}");
+}
+
+#[tokio::test]
 async fn a_client_that_leaves_mid_body_is_not_an_invalid_request() {
     let server = start(Setup::default()).await;
     let head = "POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\

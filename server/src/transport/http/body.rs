@@ -31,6 +31,14 @@ pub async fn read_body(State(limits): State<BodyLimits>, request: Request, next:
             limits.max_bytes
         )))
     };
+    if let Some(codings) = foreign_transfer_codings(request.headers()) {
+        // hyper decodes the chunked framing and hands the rest over as it came: a `gzip`
+        // body would be read as JSON and answered `invalid_json`, blaming the client's JSON.
+        return closing(ApiError::UnsupportedTransferEncoding(format!(
+            "Transfer-Encoding `{codings}` is not supported: send the body as is, with \
+             Content-Length or `Transfer-Encoding: chunked`"
+        )));
+    }
     // hyper's lower bound is the declared `Content-Length` (0 for a chunked body).
     if request.body().size_hint().lower() > limits.max_bytes as u64 {
         return too_large();
@@ -65,6 +73,21 @@ pub async fn read_body(State(limits): State<BodyLimits>, request: Request, next:
             limits.read_timeout.as_secs_f64()
         ))),
     }
+}
+
+/// The request's transfer codings, joined, when any is other than `chunked`.
+fn foreign_transfer_codings(headers: &axum::http::HeaderMap) -> Option<String> {
+    let values: Vec<&str> = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .map(|v| v.to_str().unwrap_or("?"))
+        .collect();
+    let foreign = values
+        .iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .any(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("chunked"));
+    foreign.then(|| values.join(", "))
 }
 
 /// The I/O error under a body error (hyper reports its decoder's and the socket's that way).
