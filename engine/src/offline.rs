@@ -147,10 +147,9 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        let mut planned: Vec<ValidText> = valid.iter().map(|(_, v)| v.clone()).collect();
+        let (indices, mut planned): (Vec<usize>, Vec<ValidText>) = valid.into_iter().unzip();
         self.pipeline.plan_blocking(&mut planned)?;
-        let mut pending: Vec<(usize, ValidText)> =
-            valid.into_iter().map(|(i, _)| i).zip(planned).collect();
+        let mut pending: Vec<(usize, ValidText)> = indices.into_iter().zip(planned).collect();
         // Longest first: the progress bar's estimate errs on the slow side.
         pending.sort_by_key(|(i, v)| (std::cmp::Reverse(v.source_tokens), *i));
         for batch in pending.chunks(batch_size.max(1)) {

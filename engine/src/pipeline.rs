@@ -254,9 +254,14 @@ impl Pipeline {
     }
 
     /// The predicted natural length of each text. Blocking: a neural network may run.
-    pub fn predict(&self, texts: &[ValidText]) -> Result<Vec<Prediction>, EngineError> {
-        let words: Vec<&str> = texts.iter().map(|t| t.text.as_str()).collect();
-        let tokens: Vec<usize> = texts.iter().map(|t| t.source_tokens).collect();
+    pub fn predict<'a>(
+        &self,
+        texts: impl IntoIterator<Item = &'a ValidText>,
+    ) -> Result<Vec<Prediction>, EngineError> {
+        let (words, tokens): (Vec<&str>, Vec<usize>) = texts
+            .into_iter()
+            .map(|t| (t.text.as_str(), t.source_tokens))
+            .unzip();
         self.length
             .predict(&words, &tokens)
             .map_err(|e| EngineError::Predict(format!("{e:#}")))
@@ -281,18 +286,16 @@ impl Pipeline {
         }
     }
 
-    /// Predicts where needed (in one batch) and plans every text: for drivers that may block.
+    /// Predicts where needed (in the server's chunks, [`PREDICTION_CHUNK`]) and plans every
+    /// text: for drivers that may block.
     pub fn plan_blocking(&self, texts: &mut [ValidText]) -> Result<(), EngineError> {
         let needing: Vec<usize> = (0..texts.len())
             .filter(|&i| self.needs_prediction(&texts[i]))
             .collect();
-        let asked: Vec<ValidText> = needing.iter().map(|&i| texts[i].clone()).collect();
         let mut predicted = vec![None; texts.len()];
-        for (indices, chunk) in needing
-            .chunks(PREDICTION_CHUNK)
-            .zip(asked.chunks(PREDICTION_CHUNK))
-        {
-            for (&i, p) in indices.iter().zip(self.predict(chunk)?) {
+        for chunk in needing.chunks(PREDICTION_CHUNK) {
+            let texts_of_chunk = chunk.iter().map(|&i| &texts[i]);
+            for (&i, p) in chunk.iter().zip(self.predict(texts_of_chunk)?) {
                 predicted[i] = p;
             }
         }
