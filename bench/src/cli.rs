@@ -10,6 +10,7 @@ use nmt_testkit::release_binary;
 
 use crate::batching::BatchingArgs;
 use crate::beside_large::BesideLargeArgs;
+use crate::memory::MemoryArgs;
 use crate::overload::OverloadArgs;
 
 /// Concurrency benchmark of nmt-server: starts one server per batching mode, all side by side,
@@ -18,7 +19,8 @@ use crate::overload::OverloadArgs;
 /// prints target tokens/s, requests/s and latency percentiles as a markdown table.
 /// `nmt-bench overload` instead offers open-loop request rates to one server and reports what
 /// its admission control makes of them; `nmt-bench beside-large` measures small requests alone
-/// and beside one client of large requests (64 texts each).
+/// and beside one client of large requests (64 texts each); `nmt-bench storm` runs closed-loop
+/// clients of maximal requests and counts the accepted ones that time out.
 ///
 /// Run it from the workspace root on an otherwise idle machine, after
 /// `source scripts/env.sh` (the server needs ORT_DYLIB_PATH) and
@@ -44,6 +46,7 @@ pub struct Args {
 pub enum Command {
     Overload(OverloadArgs),
     BesideLarge(BesideLargeArgs),
+    Memory(MemoryArgs),
 }
 
 /// What the closed-loop benchmark, `overload` and `beside-large` take: the inputs, the server, the

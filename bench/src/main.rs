@@ -5,13 +5,14 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use nmt_bench::cli::{Args, Command};
-use nmt_bench::{batching, beside_large, overload};
+use nmt_bench::{batching, beside_large, memory, overload};
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
     let outcome = match args.command.take() {
         Some(Command::Overload(o)) => overload::run(o),
         Some(Command::BesideLarge(b)) => beside_large::run(b),
+        Some(Command::Memory(m)) => memory::run(m),
         None => batching::run(args.batching),
     };
     match outcome {

@@ -8,6 +8,7 @@
 
 use crate::backend::{Backend, BackendError};
 use crate::logits::{repeated_ngram_ends, EosRule};
+use crate::memory;
 
 /// The token ids the loop itself needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,26 +133,32 @@ impl<B: Backend, T> RunningBatch<B, T> {
         })
     }
 
-    /// Encodes `inputs` and adds them to the batch, in free slots first; they take their
-    /// first step with the next [`RunningBatch::step`]. Inputs with a zero budget finish at
-    /// once and are returned.
+    /// Encodes `inputs` (in pieces of bounded attention, [`memory::pieces`]) and adds them to
+    /// the batch, in free slots first; they take their first step with the next
+    /// [`RunningBatch::step`]. Inputs with a zero budget finish at once and are returned.
     pub fn join(
         &mut self,
         backend: &mut B,
         inputs: Vec<(T, DecodeInput)>,
     ) -> Result<Vec<(T, DecodeOutput)>, BackendError> {
-        let (joining, empty): (Vec<_>, Vec<_>) = inputs
+        let (mut joining, empty): (Vec<_>, Vec<_>) = inputs
             .into_iter()
             .partition(|(_, input)| input.max_output_tokens > 0);
+        // Shortest first, so that short sources share a run instead of each being padded
+        // beside a long one.
+        joining.sort_by_key(|(_, input)| input.source_ids.len());
         if !joining.is_empty() {
             let sources: Vec<&[i64]> = joining
                 .iter()
                 .map(|(_, input)| input.source_ids.as_slice())
                 .collect();
-            let new = backend.encode(&sources)?;
             let free = (0..self.rows.len()).filter(|&r| matches!(self.rows[r], Row::Ghost { .. }));
             let slots: Vec<usize> = free.chain(self.rows.len()..).take(joining.len()).collect();
-            backend.place(&mut self.tensors, new, &slots)?;
+            let lengths: Vec<usize> = sources.iter().map(|s| s.len()).collect();
+            for piece in memory::pieces(&lengths, memory::PAIRS_PER_RUN) {
+                let new = backend.encode(&sources[piece.clone()])?;
+                backend.place(&mut self.tensors, new, &slots[piece])?;
+            }
             self.live += joining.len();
             for ((tag, input), slot) in joining.into_iter().zip(slots) {
                 let row = Row::Live(Sequence {
@@ -559,6 +566,27 @@ mod tests {
         assert_eq!(&out[0].ids[..2], &[4, 5]);
         assert!(!out[0].ids.contains(&SPECIAL.eos));
         assert_eq!(out[0].stop, StopReason::MaxLength);
+    }
+
+    #[test]
+    fn long_sources_are_encoded_in_pieces_into_their_own_slots() {
+        let mut backend = CopyBackend::default();
+        let long = |first: i64| -> Vec<i64> { (0..1000).map(|i| 4 + (first + i) % 20).collect() };
+        // Two texts of 1,000 subwords would make one run of 2 x 1,001² pairs, over
+        // memory::PAIRS_PER_RUN: each long one runs alone, the short ones together.
+        let inputs = [
+            input(&[5, 6], 3),
+            input(&long(0), 3),
+            input(&long(7), 3),
+            input(&[9, 10, 11], 3),
+        ];
+        let out = greedy_decode(&mut backend, SPECIAL, &inputs).unwrap();
+        assert_eq!(backend.encoder_runs, vec![2, 1, 1]);
+        let ids: Vec<Vec<u32>> = out.iter().map(|o| o.ids.clone()).collect();
+        assert_eq!(
+            ids,
+            vec![vec![5, 6], vec![4, 5, 6], vec![11, 12, 13], vec![9, 10, 11]]
+        );
     }
 
     /// A model stuck on one word: every step prefers 7, then 8, then 9, then EOS.

@@ -11,6 +11,8 @@
 //!   against [`backend::Backend`] only; [`logits`], the rules applied to each step's logits.
 //! - [`length`]: length control (target lengths, modes, `max_chars`) and [`predictor`],
 //!   the package's learned length predictor.
+//! - [`memory`]: running whole-input graphs in pieces of bounded attention, and handing
+//!   what a long input freed back to the system.
 //! - [`limits`]: the request limits and the input and output bounds derived from them.
 //! - [`pipeline`]: validate → plan → decode input → respond → fit characters, once, around a
 //!   per-text [`pipeline::ValidText`]; [`error`], its typed errors.
@@ -26,6 +28,7 @@ pub mod error;
 pub mod length;
 pub mod limits;
 pub mod logits;
+pub mod memory;
 pub mod offline;
 pub mod onnx;
 pub mod package;

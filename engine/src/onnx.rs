@@ -100,23 +100,46 @@ impl Default for SessionOptions {
     }
 }
 
+/// Where a session's CPU tensors come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CpuMemory {
+    /// ONNX Runtime's arena: fastest for many small runs (decoder steps), but it keeps its
+    /// peak for the life of the session.
+    Arena,
+    /// The C allocator, run by run: for graphs run once per sentence over the whole source
+    /// (encoder, length predictor), whose peak grows with the longest input ever seen and
+    /// should go back to the system when that input is done (docs/serving.md, "Memory").
+    PerRun,
+}
+
 /// A session builder with the options applied, and the execution provider it got.
 pub(crate) fn session_builder(
     env: &Environment,
     options: &SessionOptions,
+    memory: CpuMemory,
 ) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {
     use ort::ep::ExecutionProvider;
     let threads = options.intra_op_threads.max(1);
     let configure = |e: ort::Error<_>| anyhow!("configuring ONNX Runtime sessions: {e}");
     let cpu = || -> anyhow::Result<_> {
-        Session::builder(env)
+        let builder = Session::builder(env)
             .map_err(|e| anyhow!("creating an ONNX Runtime session builder: {e}"))?
             .with_optimization_level(GraphOptimizationLevel::All)
             .map_err(configure)?
             .with_intra_threads(threads)
             .map_err(configure)?
             .with_inter_threads(1)
-            .map_err(configure)
+            .map_err(configure)?;
+        match memory {
+            CpuMemory::Arena => Ok(builder),
+            // Registering the CPU provider without its arena is how the C API turns it off
+            // (DisableCpuMemArena); the provider itself is always there.
+            CpuMemory::PerRun => builder
+                .with_execution_providers([ort::ep::CPU::default()
+                    .with_arena_allocator(false)
+                    .build()])
+                .map_err(configure),
+        }
     };
     if options.device == Device::Cpu {
         return Ok((cpu()?, "CPU"));
@@ -204,15 +227,16 @@ impl OrtBackend {
         manifest: &Manifest,
         options: &SessionOptions,
     ) -> anyhow::Result<Self> {
-        let (mut builder, execution_provider) = session_builder(env, options)?;
-        let mut open = |file: &str| -> anyhow::Result<Session> {
+        let open = |file: &str, memory: CpuMemory| -> anyhow::Result<(Session, &'static str)> {
+            let (mut builder, execution_provider) = session_builder(env, options, memory)?;
             let path = dir.join(file);
-            builder
+            let session = builder
                 .commit_from_file(&path)
-                .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", path.display()))
+                .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", path.display()))?;
+            Ok((session, execution_provider))
         };
-        let encoder = open(files::ENCODER)?;
-        let decoder = open(files::DECODER)?;
+        let (encoder, _) = open(files::ENCODER, CpuMemory::PerRun)?;
+        let (decoder, execution_provider) = open(files::DECODER, CpuMemory::Arena)?;
         let ports = |outlets: &[Outlet]| outlets.iter().map(port).collect::<Vec<_>>();
         let layout = check_contract(
             manifest,
@@ -268,6 +292,40 @@ impl OrtBackend {
             .collect();
     }
 
+    /// Runs the encoder and copies out its memory outputs, so that every tensor of the run
+    /// is dropped when this returns.
+    fn encoder_memory(
+        &mut self,
+        batch: usize,
+        ids: Tensor<i64>,
+        mask: Tensor<f32>,
+    ) -> Result<Vec<ndarray::ArrayD<f32>>, BackendError> {
+        let outputs = self
+            .encoder
+            .run(ort::inputs! {
+                names::SOURCE_IDS => ids,
+                names::SOURCE_MASK => mask,
+            })
+            .map_err(ort_error("running the encoder"))?;
+        let mut memory = Vec::with_capacity(self.layout.memory.len());
+        for name in &self.layout.memory {
+            let value = outputs.get(name.as_str()).ok_or_else(|| {
+                BackendError::Contract(format!("the encoder did not return `{name}`"))
+            })?;
+            let array = value
+                .try_extract_array::<f32>()
+                .map_err(ort_error("reading the encoder's output"))?;
+            if array.ndim() == 0 || array.shape()[0] != batch {
+                return Err(BackendError::Contract(format!(
+                    "encoder output `{name}` has shape {:?}, expected batch {batch} first",
+                    array.shape()
+                )));
+            }
+            memory.push(array.to_owned());
+        }
+        Ok(memory)
+    }
+
     /// Gives the memory back the room the longest source in the batch no longer needs.
     fn fit_memory(rows: &mut OrtRows) {
         for (buffer, shapes) in rows.memory.iter_mut().zip(&rows.memory_shapes) {
@@ -300,31 +358,10 @@ impl Backend for OrtBackend {
         }
         let ids = Tensor::from_array(([batch, len], ids)).map_err(ort_error("source_ids"))?;
         let mask = Tensor::from_array(([batch, len], mask)).map_err(ort_error("source_mask"))?;
-        let outputs = self
-            .encoder
-            .run(ort::inputs! {
-                names::SOURCE_IDS => ids,
-                names::SOURCE_MASK => mask,
-            })
-            .map_err(ort_error("running the encoder"))?;
-        let mut memory = Vec::with_capacity(self.layout.memory.len());
-        for name in &self.layout.memory {
-            let value = outputs.get(name.as_str()).ok_or_else(|| {
-                BackendError::Contract(format!("the encoder did not return `{name}`"))
-            })?;
-            let array = value
-                .try_extract_array::<f32>()
-                .map_err(ort_error("reading the encoder's output"))?;
-            if array.ndim() == 0 || array.shape()[0] != batch {
-                return Err(BackendError::Contract(format!(
-                    "encoder output `{name}` has shape {:?}, expected batch {batch} first",
-                    array.shape()
-                )));
-            }
-            memory.push(array.to_owned());
-        }
+        let memory = self.encoder_memory(batch, ids, mask);
+        crate::memory::after_run(crate::memory::pairs(batch, len));
         Ok(OrtEncoded {
-            memory,
+            memory: memory?,
             rows: batch,
         })
     }

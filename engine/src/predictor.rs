@@ -14,7 +14,8 @@ use ort::value::Tensor;
 use tokenizers::Tokenizer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::onnx::{session_builder, SessionOptions};
+use crate::memory;
+use crate::onnx::{session_builder, CpuMemory, SessionOptions};
 
 /// Most requests waiting for the predictor before more are given the linear fit: about a
 /// quarter of a second of predictions on one core, little next to a request's decoding.
@@ -86,7 +87,7 @@ impl LengthPredictor {
             .map_err(|e| anyhow!("{}: {e}", tokenizer_path.display()))?;
         tokenizer.with_padding(None);
         let graph = dir.join(&spec.graph);
-        let (mut builder, _) = session_builder(env, options)?;
+        let (mut builder, _) = session_builder(env, options, CpuMemory::PerRun)?;
         let session = builder
             .commit_from_file(&graph)
             .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", graph.display()))?;
@@ -142,23 +143,42 @@ impl LengthPredictor {
             .filter(|&i| encodings[i].get_ids().len() <= self.max_input_tokens)
             .collect();
         let mut predictions = vec![None; texts.len()];
-        if fits.is_empty() {
-            return Ok(predictions);
+        let lengths: Vec<usize> = fits.iter().map(|&i| encodings[i].get_ids().len()).collect();
+        // Runs of at most one maximal text's attention (the predictor's own input limit is
+        // far below the encoder's, and its BERT has three times the heads).
+        let pairs_per_run = memory::pairs(1, self.max_input_tokens);
+        for piece in memory::pieces(&lengths, pairs_per_run) {
+            let rows: Vec<&[u32]> = fits[piece.clone()]
+                .iter()
+                .map(|&i| encodings[i].get_ids())
+                .collect();
+            let predicted = self.run(&rows);
+            let len = rows.iter().map(|r| r.len()).max().unwrap_or(1);
+            memory::after_run(memory::pairs(rows.len(), len));
+            for (&i, &p) in fits[piece].iter().zip(&predicted?) {
+                // Hundredths: padding in a batch moves the float in its last digits, and a
+                // text's prediction (and the length planned from it) should not depend on its
+                // neighbours.
+                let p = (f64::from(p.max(1.0)) * 100.0).round() / 100.0;
+                predictions[i] = p.is_finite().then_some(p);
+            }
         }
-        let len = fits
-            .iter()
-            .map(|&i| encodings[i].get_ids().len())
-            .max()
-            .unwrap_or(1);
-        let mut ids = vec![0i64; fits.len() * len];
-        let mut mask = vec![0i64; fits.len() * len];
-        for (row, &i) in fits.iter().enumerate() {
-            for (col, &id) in encodings[i].get_ids().iter().enumerate() {
+        Ok(predictions)
+    }
+
+    /// One run of the predictor over `rows` of token ids, padded to the longest: a length per
+    /// row. Every tensor of the run is dropped when this returns.
+    fn run(&self, rows: &[&[u32]]) -> anyhow::Result<Vec<f32>> {
+        let len = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+        let mut ids = vec![0i64; rows.len() * len];
+        let mut mask = vec![0i64; rows.len() * len];
+        for (row, row_ids) in rows.iter().enumerate() {
+            for (col, &id) in row_ids.iter().enumerate() {
                 ids[row * len + col] = i64::from(id);
                 mask[row * len + col] = 1;
             }
         }
-        let shape = [fits.len(), len];
+        let shape = [rows.len(), len];
         let ids = Tensor::from_array((shape, ids))?;
         let mask = Tensor::from_array((shape, mask))?;
         let mut session = self
@@ -172,21 +192,14 @@ impl LengthPredictor {
             })
             .context("running the length predictor")?;
         let (_, lengths) = outputs[names::PREDICTED_LENGTHS].try_extract_tensor::<f32>()?;
-        if lengths.len() != fits.len() {
+        if lengths.len() != rows.len() {
             bail!(
                 "the length predictor returned {} lengths for {} texts",
                 lengths.len(),
-                fits.len()
+                rows.len()
             );
         }
-        for (&i, &p) in fits.iter().zip(lengths) {
-            // Hundredths: padding in a batch moves the float in its last digits, and a
-            // text's prediction (and the length planned from it) should not depend on its
-            // neighbours.
-            let p = (f64::from(p.max(1.0)) * 100.0).round() / 100.0;
-            predictions[i] = p.is_finite().then_some(p);
-        }
-        Ok(predictions)
+        Ok(lengths.to_vec())
     }
 }
 

@@ -43,6 +43,8 @@ pub struct CopyBackend {
     pub fail_on_step: Option<usize>,
     /// Steps run so far, failed ones included.
     pub steps: usize,
+    /// Rows of every encoder run, in order.
+    pub encoder_runs: Vec<usize>,
     /// Time each step takes (timeout and queueing tests).
     pub step_delay: std::time::Duration,
     /// Columns of the logits: at least the tokenizer's vocabulary, since the copy emits
@@ -62,6 +64,7 @@ impl Default for CopyBackend {
             fail: false,
             fail_on_step: None,
             steps: 0,
+            encoder_runs: Vec::new(),
             step_delay: std::time::Duration::ZERO,
             vocab: VOCAB,
             follows_bans: false,
@@ -74,6 +77,7 @@ impl Backend for CopyBackend {
     type Encoded = CopyRows;
 
     fn encode(&mut self, sources: &[&[i64]]) -> Result<CopyRows, BackendError> {
+        self.encoder_runs.push(sources.len());
         Ok(CopyRows {
             sources: sources.iter().map(|s| s.to_vec()).collect(),
             cache: vec![Vec::new(); sources.len()],

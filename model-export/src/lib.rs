@@ -2,7 +2,8 @@
 //! tracer, no Python), the tokenizer, and a manifest with checksums and provenance; and,
 //! into a written package, the length predictor ([`length_predictor`]); and from a package,
 //! its int8 copy, by ONNX Runtime's Python quantizer ([`quantize`]); and back, from a
-//! package to a checkpoint that training can start from ([`checkpoint`]).
+//! package to a checkpoint that training can start from ([`checkpoint`]), or to its graphs
+//! written again by the current exporter ([`regraph`]).
 
 pub mod checkpoint;
 pub mod graph;
@@ -10,6 +11,7 @@ pub mod length_predictor;
 pub mod proto;
 pub mod quantize;
 pub mod recurrent;
+pub mod regraph;
 pub mod rnn_nmt;
 pub mod transformer;
 
@@ -66,6 +68,19 @@ pub(crate) fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Resu
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// The encoder and decoder-step graphs of `model`, and the decoder state they carry.
+pub(crate) fn graphs(
+    model: &Model,
+) -> anyhow::Result<(
+    (proto::ModelProto, proto::ModelProto),
+    Vec<model_package::StateSpec>,
+)> {
+    Ok(match model {
+        Model::Transformer(m) => (transformer::export(m)?, transformer::decoder_state(m)),
+        Model::RnnNmt(m) => (rnn_nmt::export(m)?, rnn_nmt::decoder_state(m)),
+    })
+}
+
 /// Writes the package and returns its manifest.
 pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
     let model = nmt_train::train::checkpoint::load_model(&args.checkpoint, &Device::Cpu)?;
@@ -94,10 +109,7 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
     };
 
     std::fs::create_dir_all(&args.out)?;
-    let ((encoder, decoder), decoder_state) = match &model {
-        Model::Transformer(m) => (transformer::export(m)?, transformer::decoder_state(m)),
-        Model::RnnNmt(m) => (rnn_nmt::export(m)?, rnn_nmt::decoder_state(m)),
-    };
+    let ((encoder, decoder), decoder_state) = graphs(&model)?;
     write_onnx(&args.out.join(files::ENCODER), &encoder)?;
     write_onnx(&args.out.join(files::DECODER), &decoder)?;
     std::fs::copy(&tokenizer, args.out.join(files::TOKENIZER))

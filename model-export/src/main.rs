@@ -1,6 +1,7 @@
 //! `nmt-export`: checkpoint -> model package; `nmt-export length-predictor`: a trained
 //! length predictor -> an existing package; `nmt-export quantize`: a package -> its int8
-//! copy; `nmt-export checkpoint`: a package -> a checkpoint to train on from.
+//! copy; `nmt-export checkpoint`: a package -> a checkpoint to train on from;
+//! `nmt-export regraph`: a package's graphs written again, in place.
 
 use clap::{Parser, Subcommand};
 use model_export::quantize::{Python, QuantizeTo, Quantized};
@@ -46,6 +47,13 @@ enum Command {
     /// `nmt-train train --init-from` can go on training a shipped model whose run's
     /// checkpoints are gone. Exporting the result writes the same weights again.
     Checkpoint(model_export::checkpoint::CheckpointArgs),
+    /// Write a float32 Transformer-family package's encoder and decoder graphs again with
+    /// this exporter, in place, keeping its weights (read back as `checkpoint` does), name,
+    /// domains, evaluation, provenance and length predictor; the manifest gets the new
+    /// checksums. For shipped packages when the graph writer changes how it computes, e.g.
+    /// the encoder's relative attention in O(length x clip) memory instead of a table row
+    /// per (query, key) pair.
+    Regraph(model_export::regraph::RegraphArgs),
 }
 
 fn report_quantized(quantized: &Quantized, out: &std::path::Path) {
@@ -86,6 +94,14 @@ fn main() -> anyhow::Result<()> {
             println!(
                 "wrote {} ({weights} weights from {})",
                 args.out.display(),
+                args.package.display()
+            );
+        }
+        (Some(Command::Regraph(args)), _) => {
+            let manifest = model_export::regraph::regraph_package(&args)?;
+            println!(
+                "rewrote the graphs of {} in {}",
+                manifest.name,
                 args.package.display()
             );
         }

@@ -84,13 +84,27 @@ fn residual(
     }
 }
 
-/// One layer's Shaw relative vectors, keys and (unless the layer has keys only) values:
-/// its tables `[2k + 1, head_dim]` as a decoder step reads them (through
-/// [`StepRelative::rows`]), or gathered for every (query, key) pair of the encoder,
-/// `[len, len, head_dim]`.
+/// One layer's Shaw relative vectors, keys and (unless the layer has keys only) values: its
+/// tables `[2k + 1, head_dim]`. Encoder and decoder step alike meet them once per query
+/// and pick per column, so the relative terms cost O(len * k), never a table row per
+/// (query, key) pair (`[len, len, head_dim]`, 268 MB per table at 1,024 subwords).
 struct Relative {
     keys: String,
     values: Option<String>,
+}
+
+/// Where every (query, key) pair of the encoder falls in the relative tables, the same for
+/// every layer. The per-query products are laid out query-major (`[len, 2k + 1, batch,
+/// heads]`) so that the indices need not be repeated per sentence and head.
+struct EncoderRelative {
+    /// `[len, len, 1]` int64: the table row of key `j` for query `i` (`GatherND` with
+    /// `batch_dims` 1 over the queries).
+    rows: String,
+    /// `[len, len, 2]` int64: `(i, row)` of every pair, to sum probabilities per table row
+    /// (`ScatterND` with `add`).
+    pairs: String,
+    /// `[len, 2k + 1, batch, heads]` zeros to sum them into.
+    zeros: String,
 }
 
 /// The attention columns of a decoder step (the cache's, then the new one), the same for
@@ -208,43 +222,57 @@ impl Exporter<'_> {
     }
 
     /// Attention of `query` `[batch, q_len, d]` over precomputed heads
-    /// (`keys`/`values` `[batch, heads, k_len, head_dim]`) with an additive `bias`, and Shaw
-    /// et al.'s relative vectors when the layer has them.
-    /// `step`: a decoder step's single query.
+    /// (`keys`/`values` `[batch, heads, k_len, head_dim]`) with an additive `bias`, and, in
+    /// the encoder, Shaw et al.'s relative vectors when the layer has them: every query
+    /// meets all `2k + 1` relative keys once and each column picks its own (`GatherND`);
+    /// the probabilities are summed per table row (`ScatterND` with `add`) before meeting
+    /// the relative values. `step`: a decoder step's single query.
     fn attend(
         &self,
         g: &mut Graph,
         attn: &Attention,
         query: &str,
         Attended { keys, values, bias }: Attended<'_>,
-        relative: Option<&Relative>,
+        relative: Option<(&Relative, &EncoderRelative)>,
         step: bool,
     ) -> Result<String> {
         let q = self.queries(g, attn, query, step)?;
         let kt = g.transpose(keys, &[0, 1, 3, 2]);
         let mut scores = g.matmul(&q, &kt);
         // Shaw et al.: q . (k_j + a_ij), summed before the scale as in candle.
-        if let Some(Relative { keys, .. }) = relative {
-            // [len, batch, heads, dh] x [len, 1, dh, len]: one product per query.
-            let q_by_query = g.transpose(&q, &[2, 0, 1, 3]);
-            let a_t = g.transpose(keys, &[0, 2, 1]);
-            let a_t = g.unsqueeze(&a_t, &[1]);
-            let rel = g.matmul(&q_by_query, &a_t);
-            let rel = g.transpose(&rel, &[1, 2, 0, 3]);
-            scores = g.add(&scores, &rel);
+        if let Some((tables, at)) = relative {
+            // [batch, heads, len, dh] x [dh, 2k + 1], then query-major for the pick.
+            let a_t = g.transpose(&tables.keys, &[1, 0]);
+            let by_row = g.matmul(&q, &a_t);
+            let by_query = g.transpose(&by_row, &[2, 3, 0, 1]);
+            let picked = g.op(
+                "GatherND",
+                &[&by_query, &at.rows],
+                vec![attr_int("batch_dims", 1)],
+            );
+            let picked = g.transpose(&picked, &[2, 3, 0, 1]);
+            scores = g.add(&scores, &picked);
         }
         let probs = self.softmax_scores(g, &scores, bias);
         let mut context = g.matmul(&probs, values);
-        if let Some(Relative {
-            values: Some(values),
-            ..
-        }) = relative
+        if let Some((
+            Relative {
+                values: Some(values),
+                ..
+            },
+            at,
+        )) = relative
         {
-            // [len, batch, heads, len] x [len, 1, len, dh].
-            let p_by_query = g.transpose(&probs, &[2, 0, 1, 3]);
-            let a = g.unsqueeze(values, &[1]);
-            let rel = g.matmul(&p_by_query, &a);
-            let rel = g.transpose(&rel, &[1, 2, 0, 3]);
+            // Probability mass per table row, [len, 2k + 1, batch, heads] -> [batch, heads,
+            // len, 2k + 1], then [.., 2k + 1] x [2k + 1, dh].
+            let p_by_query = g.transpose(&probs, &[2, 3, 0, 1]);
+            let mass = g.op(
+                "ScatterND",
+                &[&at.zeros, &at.pairs, &p_by_query],
+                vec![attr_string("reduction", "add")],
+            );
+            let mass = g.transpose(&mass, &[2, 3, 0, 1]);
+            let rel = g.matmul(&mass, values);
             context = g.add(&context, &rel);
         }
         self.merge_heads(g, attn, &context, step)
@@ -495,18 +523,26 @@ impl Exporter<'_> {
         Ok(Relative { keys, values })
     }
 
-    /// A layer's tables gathered at `rows`.
-    fn gather_relative(
-        &self,
-        g: &mut Graph,
-        tables: &RelativeTables,
-        rows: &str,
-    ) -> Result<Relative> {
-        let Relative { keys, values } = self.relative_tables(g, tables)?;
-        Ok(Relative {
-            keys: g.gather(&keys, rows, 0),
-            values: values.map(|v| g.gather(&v, rows, 0)),
-        })
+    /// The table row of every (query, key) pair of the encoder (key position minus query
+    /// position, clipped), in the shapes [`EncoderRelative`] describes.
+    fn encoder_relative(&self, g: &mut Graph, ids: &str, positions: &str) -> EncoderRelative {
+        let keys = g.unsqueeze(positions, &[0]);
+        let queries = g.unsqueeze(positions, &[1]);
+        let distances = g.sub(&keys, &queries);
+        let table_rows = self.relative_rows(g, &distances);
+        let rows = g.unsqueeze(&table_rows, &[2]);
+        let shape = g.op("Shape", &[&table_rows], vec![]);
+        let query_of_pair = g.op("Expand", &[&queries, &shape], vec![]);
+        let query_of_pair = g.unsqueeze(&query_of_pair, &[2]);
+        let pairs = g.concat(&[&query_of_pair, &rows], 2);
+        let len = g.slice(&shape, 0, 0, 1);
+        let ids_shape = g.op("Shape", &[ids], vec![]);
+        let batch = g.slice(&ids_shape, 0, 0, 1);
+        let width = g.ints(&[2 * self.config.relative_clip as i64 + 1]);
+        let heads = g.ints(&[self.config.num_heads as i64]);
+        let zeros_shape = g.concat(&[&len, &width, &batch, &heads], 0);
+        let zeros = g.op("ConstantOfShape", &[&zeros_shape], vec![]);
+        EncoderRelative { rows, pairs, zeros }
     }
 
     /// The learned absolute position table `[max_positions, d]`, when the model has one.
@@ -586,19 +622,11 @@ impl Exporter<'_> {
                 |g, width| Ok(self.absolute_positions(g, &positions, width, &position_table)),
             )
         })?;
-        // Relative table rows of every (query, key) pair: key position minus query position.
-        let relative_rows = self.model.encoder.layers[0]
+        let encoder_relative = self.model.encoder.layers[0]
             .self_attn
             .relative
             .as_ref()
-            .map(|_| {
-                g.scoped("relative", |g| {
-                    let keys = g.unsqueeze(&positions, &[0]);
-                    let queries = g.unsqueeze(&positions, &[1]);
-                    let distances = g.sub(&keys, &queries);
-                    self.relative_rows(g, &distances)
-                })
-            });
+            .map(|_| g.scoped("relative", |g| self.encoder_relative(g, &ids, &positions)));
         let bias = self.padding_bias(&mut g, &mask);
         for (i, layer) in self.model.encoder.layers.iter().enumerate() {
             x = g.scoped(&format!("encoder.layers.{i}"), |g| -> Result<String> {
@@ -611,18 +639,16 @@ impl Exporter<'_> {
                     |g, h| {
                         let k = self.project_heads(g, &layer.self_attn.k_proj, h, "k_proj")?;
                         let v = self.project_heads(g, &layer.self_attn.v_proj, h, "v_proj")?;
-                        let relative = match (&layer.self_attn.relative, &relative_rows) {
-                            (Some(tables), Some(rows)) => {
-                                Some(self.gather_relative(g, tables, rows)?)
-                            }
-                            _ => None,
+                        let relative = match &layer.self_attn.relative {
+                            Some(tables) => Some(self.relative_tables(g, tables)?),
+                            None => None,
                         };
                         let attended = Attended {
                             keys: &k,
                             values: &v,
                             bias: &bias,
                         };
-                        let relative = relative.as_ref();
+                        let relative = relative.as_ref().zip(encoder_relative.as_ref());
                         self.attend(g, &layer.self_attn, h, attended, relative, false)
                     },
                 )?;

@@ -127,8 +127,9 @@ pub struct Args {
     pub max_body_bytes: usize,
 
     /// Seconds a client has to send a complete request head: from connecting for the first
-    /// request of a connection, from the head's first byte for the next ones. Slower, the
-    /// connection is closed without an answer. gRPC: the HTTP/2 connection preface is due
+    /// request of a connection, from the head's first byte for the next ones (from the
+    /// previous answer for a head whose first bytes came with the previous request). Slower,
+    /// the connection is closed without an answer. gRPC: the HTTP/2 connection preface is due
     /// this long after connecting.
     #[arg(long, env = "NMT_HEADER_READ_TIMEOUT", default_value_t = 10.0)]
     pub header_read_timeout: f64,
@@ -157,7 +158,9 @@ pub struct Args {
     pub grpc_keepalive_interval: f64,
 
     /// Seconds in-flight requests get to finish after SIGTERM or Ctrl-C; then the server
-    /// exits anyway.
+    /// exits anyway. Connections without a translation request in flight (idle, or still
+    /// sending a head or a body) are not waited for, and the server exits at most 1 s after
+    /// the last translation's answer.
     #[arg(long, env = "NMT_SHUTDOWN_GRACE", default_value_t = 30.0)]
     pub shutdown_grace: f64,
 

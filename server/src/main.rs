@@ -1,19 +1,7 @@
 use clap::Parser;
 
-/// Every decoder step allocates its state tensors afresh (tens of MB for a batch of 64 rows),
-/// and glibc serves and unmaps buffers that large with `mmap`, so each step would page-fault
-/// and zero them again. Keeping freed memory in the heap avoids that; the same change halved
-/// the training step of `nmt-train`.
-fn keep_freed_memory_in_heap() {
-    // SAFETY: mallopt only changes allocator tuning parameters, before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_MAX, 0);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-    }
-}
-
 fn main() -> std::process::ExitCode {
-    keep_freed_memory_in_heap();
+    nmt_engine::memory::configure_heap();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

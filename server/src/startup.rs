@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -20,6 +21,7 @@ use crate::transport::http::app_with_body_timeout;
 use nmt_engine::decode::SpecialIds;
 use nmt_engine::length::LengthModel;
 use nmt_engine::limits::model_input_limit;
+use nmt_engine::memory::{MemoryBound, ServingShape};
 use nmt_engine::onnx::{self, OrtBackend, SessionOptions};
 use nmt_engine::package::{ModelPackage, TextCodec};
 use nmt_engine::pipeline::Pipeline;
@@ -138,6 +140,24 @@ fn load_model(
         max_queue_wait = scheduler.max_queue_wait.as_secs_f64(),
         "model loaded"
     );
+    let bound = MemoryBound::new(
+        manifest,
+        ServingShape {
+            max_input_tokens: limits.max_input_tokens,
+            max_output_tokens: limits.max_output_tokens,
+            max_batch_size: scheduler.max_batch_size,
+            workers: usize::from(args.model_workers),
+        },
+    );
+    let mib = |bytes: u64| bytes >> 20;
+    tracing::info!(
+        model = %manifest.name,
+        above_idle_mib = mib(bound.above_idle()),
+        encoder_run_mib = mib(bound.encoder_run),
+        caches_mib = mib(bound.caches),
+        predictor_run_mib = mib(bound.predictor_run),
+        "memory bound: serving adds at most this to the idle process (docs/serving.md, \"Memory\")"
+    );
     Ok(Model {
         pipeline: Pipeline {
             name: manifest.name.clone(),
@@ -161,9 +181,10 @@ fn load_model(
 /// Loads the model, binds, prints `listening on http://ADDR` then `grpc listening on ADDR`
 /// on stdout, warms up (the server answers `/health` meanwhile and `/ready` once done) and
 /// serves HTTP and gRPC until Ctrl-C or SIGTERM. Then both stop accepting connections, close
-/// the ones without a request in flight, let in-flight requests finish within
-/// `--shutdown-grace` seconds, and it returns; an error if the grace ran out first (the
-/// requests still in flight are dropped, and the log says how many).
+/// the ones without a request in flight (a request whose body is still arriving is not in
+/// flight), let in-flight requests finish within `--shutdown-grace` seconds, and it returns
+/// at the latest [`LINGER_AFTER_LAST_ANSWER`] after the last answer; an error if the grace ran
+/// out first (the requests still in flight are dropped, and the log says how many).
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let grace = args.shutdown_grace()?;
     let timeouts = args.connection_timeouts()?;
@@ -214,33 +235,65 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         anyhow::Ok(())
     };
     let in_flight = infer.clone();
+    let open = gate.clone();
     let grpc = grpc::serve_with(infer, grpc_listener, grpc_options, gate, shutdown.clone());
     // Both drain on the same signal; `run` returns when both are done (or gRPC failed).
     let server = async { tokio::try_join!(http, grpc).map(|_| ()) };
-    let deadline = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        served = server => served?,
-        _ = deadline => {
-            let dropped = in_flight.requests_in_flight();
-            tracing::error!(
-                grace_seconds = grace.as_secs_f64(),
-                dropped,
-                "the shutdown grace ran out with {dropped} translation requests in flight; \
-                 dropping them"
-            );
-            anyhow::bail!(
-                "the shutdown grace of {} s ran out; {dropped} translation requests in flight \
-                 were dropped",
-                grace.as_secs_f64()
-            );
-        }
-    }
+    until_drained(server, &shutdown, grace, &in_flight, &open).await?;
     tracing::info!("shut down");
     Ok(())
 }
+
+/// Runs `server` until it is done, or, once `shutdown` is cancelled, until `grace` has passed
+/// or [`LINGER_AFTER_LAST_ANSWER`] since the last translation request in flight was answered,
+/// whichever comes first. An error if translation requests were still in flight then.
+async fn until_drained(
+    server: impl std::future::Future<Output = anyhow::Result<()>>,
+    shutdown: &CancellationToken,
+    grace: Duration,
+    infer: &Infer,
+    gate: &ConnectionGate,
+) -> anyhow::Result<()> {
+    let deadline = async {
+        shutdown.cancelled().await;
+        tokio::select! {
+            () = tokio::time::sleep(grace) => {}
+            () = async {
+                infer.requests_answered().await;
+                tokio::time::sleep(LINGER_AFTER_LAST_ANSWER).await;
+            } => {}
+        }
+    };
+    tokio::select! {
+        served = server => return served,
+        () = deadline => {}
+    }
+    let dropped = infer.requests_in_flight();
+    if dropped > 0 {
+        tracing::error!(
+            grace_seconds = grace.as_secs_f64(),
+            dropped,
+            "the shutdown grace ran out with {dropped} translation requests in flight; \
+             dropping them"
+        );
+        anyhow::bail!(
+            "the shutdown grace of {} s ran out; {dropped} translation requests in flight were \
+             dropped",
+            grace.as_secs_f64()
+        );
+    }
+    tracing::warn!(
+        open_connections = gate.open_connections(),
+        "no translation request in flight; closing the connections still open"
+    );
+    Ok(())
+}
+
+/// Once shutting down, how long connections may stay open after the last translation request
+/// in flight is answered: enough to write that answer. What still holds a connection then is
+/// no request of the API's (a client that stopped reading, a gRPC stream whose message never
+/// came), and the exit waits for it no longer.
+const LINGER_AFTER_LAST_ANSWER: Duration = Duration::from_secs(1);
 
 /// Binds the HTTP and gRPC listeners and prints their addresses on stdout.
 async fn bind(args: &Args) -> anyhow::Result<(TcpListener, TcpListener)> {

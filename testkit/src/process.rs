@@ -339,12 +339,29 @@ impl ServerProcess {
     /// The server's peak resident memory so far (`VmHWM`), in MiB; `None` once it has exited
     /// or where `/proc` does not say.
     pub fn peak_rss_mib(&self) -> Option<f64> {
+        self.proc_status_mib("VmHWM:")
+    }
+
+    /// The server's resident memory now (`VmRSS`), in MiB.
+    pub fn rss_mib(&self) -> Option<f64> {
+        self.proc_status_mib("VmRSS:")
+    }
+
+    /// Starts [`Self::peak_rss_mib`] again from the memory resident now (Linux's
+    /// `clear_refs` 5), so that a peak can be read per request.
+    pub fn reset_peak_rss(&self) -> Result<()> {
+        let path = format!("/proc/{}/clear_refs", self.pid);
+        std::fs::write(&path, "5").with_context(|| format!("writing {path}"))
+    }
+
+    /// A `/proc/PID/status` field in kB, as MiB; `None` once the server has exited.
+    fn proc_status_mib(&self, field: &str) -> Option<f64> {
         let mut process = self.process();
         if !matches!(process.child.try_wait(), Ok(None)) {
             return None;
         }
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let line = status.lines().find(|l| l.starts_with(field))?;
         let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kib / 1024.0)
     }

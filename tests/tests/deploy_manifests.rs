@@ -2,8 +2,9 @@
 //! deploy: the probes ask routes the server answers (readiness = warmed models, liveness =
 //! the process), the ports are the server's defaults, Prometheus is told the port /metrics is
 //! on, the pod runs as the image's non-root user, the grace period outlasts the server's
-//! shutdown grace, so SIGTERM drains rather than SIGKILL cutting requests, and every
-//! environment variable set is one the server reads.
+//! shutdown grace, so SIGTERM drains rather than SIGKILL cutting requests, every
+//! environment variable set is one the server reads, and the memory limit holds the server
+//! at its worst (docs/serving.md, "Memory").
 
 mod common;
 
@@ -134,4 +135,106 @@ fn deployment_and_service_match_the_server_and_the_image() {
         assert_eq!(port["targetPort"], name);
         assert_eq!(port["port"], port_named(ports, name)["containerPort"]);
     }
+}
+
+/// Kubernetes quantities as bytes: `2Gi`, `512Mi`, `1G`, plain bytes.
+fn quantity_bytes(quantity: &str) -> u64 {
+    let units: [(&str, u64); 6] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("K", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ];
+    for (suffix, scale) in units {
+        if let Some(number) = quantity.strip_suffix(suffix) {
+            return number.parse::<u64>().unwrap() * scale;
+        }
+    }
+    quantity.parse().unwrap()
+}
+
+/// The pod's memory limit holds the server at its worst: idle as measured here (the shipped
+/// package, started with the pod's environment) plus the bound of docs/serving.md, "Memory"
+/// (every worker's encoder run and full batch of caches, one predictor run) at the pod's
+/// flags; and the pod's request holds the idle server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_limit_covers_the_worst_case_at_the_pods_flags() {
+    use nmt_engine::memory::{MemoryBound, ServingShape};
+
+    let deployment = yaml("deployment.yaml");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let env: Vec<(String, String)> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let value = v["value"].as_str().unwrap().to_string();
+            (v["name"].as_str().unwrap().to_string(), value)
+        })
+        .collect();
+    let setting = |name: &str, flag: &str| -> usize {
+        let value = env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+        value
+            .unwrap_or_else(|| server_default(flag))
+            .parse()
+            .unwrap()
+    };
+    let shape = ServingShape {
+        max_input_tokens: setting("NMT_MAX_INPUT_TOKENS", "max-input-tokens"),
+        max_output_tokens: setting("NMT_MAX_OUTPUT_TOKENS", "max-output-tokens"),
+        max_batch_size: setting("NMT_MAX_BATCH_SIZE", "max-batch-size"),
+        workers: setting("NMT_MODEL_WORKERS", "model-workers"),
+    };
+    let package = common::shipped_package();
+    let manifest = model_package::Manifest::load(&package).unwrap();
+    let bound = MemoryBound::new(&manifest, shape);
+
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    let server = common::start_server_with_env(&[&package], &[], &env_refs);
+    let client = reqwest::Client::new();
+    common::wait_until_ready(&client, &server).await;
+    let warm = serde_json::json!({"text": "Good morning."});
+    assert_eq!(
+        common::post_translate(&client, &server, &warm)
+            .await
+            .status(),
+        200
+    );
+    let idle = (server.rss_mib().unwrap() * (1u64 << 20) as f64) as u64;
+
+    let resources = &container["resources"];
+    let limit = quantity_bytes(resources["limits"]["memory"].as_str().unwrap());
+    let request = quantity_bytes(resources["requests"]["memory"].as_str().unwrap());
+    let mib = |b: u64| b >> 20;
+    eprintln!(
+        "idle {} MiB + bound {} MiB ({shape:?}: encoder run {} MiB, caches {} MiB per worker, \
+         predictor {} MiB) against a limit of {} MiB",
+        mib(idle),
+        mib(bound.above_idle()),
+        mib(bound.encoder_run),
+        mib(bound.caches),
+        mib(bound.predictor_run),
+        mib(limit)
+    );
+    assert!(
+        idle + bound.above_idle() <= limit,
+        "the pod's memory limit ({} MiB) is below idle ({} MiB) plus the bound ({} MiB)",
+        mib(limit),
+        mib(idle),
+        mib(bound.above_idle())
+    );
+    assert!(
+        request >= idle,
+        "the pod requests less memory than the idle server holds"
+    );
+}
+
+#[test]
+fn kubernetes_quantities() {
+    assert_eq!(quantity_bytes("2Gi"), 2 << 30);
+    assert_eq!(quantity_bytes("512Mi"), 512 << 20);
+    assert_eq!(quantity_bytes("1G"), 1_000_000_000);
+    assert_eq!(quantity_bytes("4096"), 4096);
 }

@@ -683,6 +683,242 @@ async fn sigterm_does_not_wait_for_half_sent_requests_or_idle_connections() {
     eprintln!("exited {:?} after SIGTERM", started.elapsed());
 }
 
+/// A request head declaring a body of 1000 bytes, and the first few of them: a client that
+/// stalls mid-body.
+const STALLED_BODY: &[u8] = b"POST /translate HTTP/1.1\r\nHost: test\r\n\
+    Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"text\": \"In the beginning";
+
+/// Opens a connection that sends [`STALLED_BODY`] and then nothing, once the server has had
+/// time to read the head.
+async fn stalled_body(server: &ServerProcess) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = idle_connections(server, 1).await.remove(0);
+    stream.write_all(STALLED_BODY).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stream
+}
+
+/// What the server sent on `stream` until it closed it (its process exits, at the latest).
+async fn read_to_close(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut bytes = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut bytes)).await;
+    assert!(read.is_ok(), "still open; read {bytes:?}");
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_a_stalled_request_body() {
+    // A grace of 20 s, and a body timeout past it: only the shutdown can end the stall.
+    let flags = ["--shutdown-grace", "20", "--body-read-timeout", "60"];
+    let server = start_logged_server(None, &flags);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    let mut stalled = stalled_body(&server).await;
+
+    let started = std::time::Instant::now();
+    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
+    let (server, status) = wait_for_exit(
+        server,
+        Duration::from_secs(30),
+        "the server exits (at the latest when the grace runs out)",
+    )
+    .await;
+    let exited = started.elapsed();
+    eprintln!("exited {exited:?} after SIGTERM with a stalled body held");
+    let log = server.log().unwrap();
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    assert!(
+        exited < Duration::from_secs(2),
+        "exited {exited:?} after SIGTERM"
+    );
+    let answer = read_to_close(&mut stalled).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    assert!(
+        answer.contains("\"error_type\":\"not_ready\""),
+        "{answer:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_the_request_in_flight_beside_a_stalled_body_then_exits() {
+    // One row: 8 texts of 150 tokens are 1,200 decoder steps, a few seconds in flight.
+    let flags = [
+        "--max-batch-size",
+        "1",
+        "--shutdown-grace",
+        "20",
+        "--body-read-timeout",
+        "60",
+    ];
+    let server = start_logged_server(None, &flags);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    let mut stalled = stalled_body(&server).await;
+    let request = {
+        let (client, url) = (client.clone(), server.base_url().to_string());
+        tokio::spawn(async move {
+            let response = client
+                .post(format!("{url}/translate"))
+                .json(&fixed_cost_request(150))
+                .send()
+                .await
+                .expect("the request in flight is answered");
+            let status = response.status();
+            let json: Value = response.json().await.unwrap();
+            (status, json, std::time::Instant::now())
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while metric_sum(&scrape(&client, &server).await, "nmt_sequences_in_flight") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the request never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let signalled = std::time::Instant::now();
+    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
+    let exit = tokio::task::spawn_blocking(move || {
+        let status = server.wait_exit(Duration::from_secs(30));
+        (server, status, std::time::Instant::now())
+    });
+    let (status, json, answered) = request.await.unwrap();
+    assert_eq!(status, 200, "{json}");
+    assert!(answered > signalled, "answered before SIGTERM");
+    let (server, exit_status, exited) = exit.await.unwrap();
+    let exit_status =
+        exit_status.expect("the server exits (at the latest when the grace runs out)");
+    let log = server.log().unwrap();
+    eprintln!(
+        "answered {:?} and exited {:?} after SIGTERM, a stalled body held",
+        answered - signalled,
+        exited - signalled
+    );
+    assert!(
+        exit_status.success(),
+        "exit status {exit_status}; log:\n{log}"
+    );
+    assert!(
+        exited.saturating_duration_since(answered) < Duration::from_secs(1),
+        "exited {:?} after the last answer",
+        exited - answered
+    );
+    let answer = read_to_close(&mut stalled).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_a_client_that_stopped_reading() {
+    use tokio::io::AsyncWriteExt;
+    let server = start_logged_server(None, &["--shutdown-grace", "20"]);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    // More answers than a small receive buffer that is never read and the server's send buffer
+    // (4 MiB at most here) hold together: the server's write of an answer waits for good.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket
+        .connect(server.http_addr().parse().unwrap())
+        .await
+        .unwrap();
+    let requests = "GET /openapi.json HTTP/1.1\r\nHost: test\r\n\r\n".repeat(1000);
+    stream.write_all(requests.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    sigterm_exits_without_waiting_for(server, "a client that stopped reading").await;
+    drop(stream);
+}
+
+/// SIGTERM while only `what` holds a connection, no translation: the server exits 0 within
+/// 2.5 s (one second for answers still being written, then no longer) and says it closed the
+/// connections still open.
+async fn sigterm_exits_without_waiting_for(server: ServerProcess, what: &str) {
+    let started = std::time::Instant::now();
+    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
+    let (server, status) = wait_for_exit(
+        server,
+        Duration::from_secs(30),
+        "the server exits (at the latest when the grace runs out)",
+    )
+    .await;
+    let exited = started.elapsed();
+    eprintln!("exited {exited:?} after SIGTERM with {what}");
+    let log = server.log().unwrap();
+    assert!(status.success(), "exit status {status}; log:\n{log}");
+    assert!(
+        exited < Duration::from_millis(2500),
+        "exited {exited:?} after SIGTERM"
+    );
+    assert!(
+        log.contains("no translation request in flight; closing the connections still open"),
+        "{log}"
+    );
+}
+
+/// An HTTP/2 frame: its length, type, flags and stream, then `payload`.
+fn http2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let length = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    [&length[1..], &[kind, flags], &stream.to_be_bytes(), payload].concat()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_a_stalled_grpc_message() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start_logged_server(None, &["--shutdown-grace", "20"]);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    // A Translate call whose message declares 1,000 bytes and sends 3, in raw frames (a gRPC
+    // client sends its message whole); header fields as HPACK literals, never indexed.
+    let literal = |(name, value): &(&str, &str)| {
+        let lengths = [name.len(), value.len()].map(|n| u8::try_from(n).unwrap());
+        [
+            &[0, lengths[0]],
+            name.as_bytes(),
+            &[lengths[1]],
+            value.as_bytes(),
+        ]
+        .concat()
+    };
+    let fields: Vec<u8> = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/nmt.v1.Translator/Translate"),
+        (":authority", "test"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+    .iter()
+    .flat_map(literal)
+    .collect();
+    let mut stream = tokio::net::TcpStream::connect(server.grpc_addr())
+        .await
+        .unwrap();
+    let settings = http2_frame(0x4, 0, 0, &[]);
+    stream
+        .write_all(&[&b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..], &settings].concat())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(n)) if n > 0),
+        "the server's SETTINGS: {read:?}"
+    );
+    let message_start = [&[0][..], &1000u32.to_be_bytes(), b"abc"].concat();
+    let frames = [
+        http2_frame(0x4, 0x1, 0, &[]),
+        http2_frame(0x1, 0x4, 1, &fields),
+        http2_frame(0x0, 0, 1, &message_start),
+    ];
+    stream.write_all(&frames.concat()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Not a translation in flight: tonic has not called the service.
+    sigterm_exits_without_waiting_for(server, "a stalled gRPC message held").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_shuts_down_when_nobody_reads_the_log() {
     // Started by hand, not through the harness: what is tested is a log pipe that nobody

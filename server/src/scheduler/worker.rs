@@ -163,6 +163,7 @@ impl<B: Backend> Worker<B> {
     pub fn run(mut self) {
         loop {
             if self.batch.is_empty() && !self.has_waiting() {
+                nmt_engine::memory::give_back_free_pages();
                 match self.receiver.blocking_recv() {
                     Some(job) => self.receive(job),
                     None => break,

@@ -23,6 +23,10 @@ pub enum ApiError {
     /// runs; the HTTP accept loop puts it in this shape), or the chunked framing of its body.
     #[error("{0}")]
     MalformedRequest(String),
+    /// An HTTP/1.1 request without a `Host` header, or any request with more than one or with
+    /// a value that is not `host[:port]` (RFC 9112 3.2; the HTTP accept loop checks it).
+    #[error("{0}")]
+    InvalidHost(String),
     /// The request target is longer than hyper takes (65534 bytes).
     #[error("{0}")]
     UriTooLong(String),

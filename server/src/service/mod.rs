@@ -18,6 +18,7 @@ use std::time::Instant;
 use nmt_engine::decode::StopReason;
 use nmt_engine::length::LengthRequest;
 use nmt_engine::pipeline::{Pipeline, Prediction, ValidText, PREDICTION_CHUNK};
+use tokio::sync::Notify;
 use tracing::Instrument;
 
 pub use nmt_engine::limits::RequestLimits;
@@ -86,21 +87,25 @@ struct Inner {
     ready: AtomicBool,
     /// Translation requests between arrival and answer.
     in_flight: AtomicUsize,
+    /// Woken when the last request in flight is answered.
+    none_in_flight: Notify,
 }
 
 /// Counts a request in flight while it lives.
-struct InFlight<'a>(&'a AtomicUsize);
+struct InFlight<'a>(&'a Inner);
 
 impl<'a> InFlight<'a> {
-    fn enter(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        InFlight(count)
+    fn enter(inner: &'a Inner) -> Self {
+        inner.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(inner)
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none_in_flight.notify_waiters();
+        }
     }
 }
 
@@ -147,6 +152,7 @@ impl Infer {
                 metrics,
                 ready: AtomicBool::new(false),
                 in_flight: AtomicUsize::new(0),
+                none_in_flight: Notify::new(),
             }),
         })
     }
@@ -167,6 +173,20 @@ impl Infer {
     /// Translation requests that have arrived and not been answered.
     pub fn requests_in_flight(&self) -> usize {
         self.inner.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Completes once no translation request is in flight (at once if none is).
+    pub async fn requests_answered(&self) {
+        loop {
+            let answered = self.inner.none_in_flight.notified();
+            tokio::pin!(answered);
+            // Registered before the count is read, so that a last answer in between wakes it.
+            answered.as_mut().enable();
+            if self.requests_in_flight() == 0 {
+                return;
+            }
+            answered.await;
+        }
     }
 
     pub fn default_model(&self) -> &str {
@@ -279,7 +299,7 @@ impl Infer {
         &self,
         request: TranslateRequest,
     ) -> Result<TranslateResponse, ApiError> {
-        let _in_flight = InFlight::enter(&self.inner.in_flight);
+        let _in_flight = InFlight::enter(&self.inner);
         if !self.is_ready() {
             return Err(ApiError::NotReady(
                 "the server is starting or shutting down; retry shortly".into(),

@@ -42,7 +42,9 @@ impl ApiError {
     /// The HTTP status of each error: the only place where that mapping lives.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidJson(_) | ApiError::MalformedRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidJson(_) | ApiError::MalformedRequest(_) | ApiError::InvalidHost(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
             ApiError::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::InvalidRequest(_)
@@ -69,13 +71,14 @@ impl ApiError {
     /// mapping lives. Requests the client must change are `INVALID_ARGUMENT`; the
     /// transport-only variants map to what gRPC says for them (no such method:
     /// `UNIMPLEMENTED`; message or head too large: `RESOURCE_EXHAUSTED`; a body too slow to
-    /// arrive, which tonic never reports to us: `DEADLINE_EXCEEDED`; malformed HTTP/1.1,
-    /// which gRPC never sees: `INVALID_ARGUMENT`).
+    /// arrive, which tonic never reports to us: `DEADLINE_EXCEEDED`; malformed HTTP/1.1 and
+    /// its `Host` header, which gRPC never sees: `INVALID_ARGUMENT`).
     pub fn grpc_code(&self) -> tonic::Code {
         use tonic::Code;
         match self {
             ApiError::InvalidJson(_)
             | ApiError::MalformedRequest(_)
+            | ApiError::InvalidHost(_)
             | ApiError::InvalidRequest(_)
             | ApiError::EmptyText(_)
             | ApiError::InvalidTargetLength(_)
@@ -188,6 +191,7 @@ mod tests {
             let expected = match error.error_type() {
                 "invalid_json"
                 | "malformed_request"
+                | "invalid_host"
                 | "invalid_request"
                 | "empty_text"
                 | "invalid_target_length"

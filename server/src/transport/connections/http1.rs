@@ -4,7 +4,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -20,9 +20,12 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 
 use super::forward::forward_writes;
+use super::framing::Framing;
 use super::gate::{Accepted, ConnectionGate, EVICT_IDLE_AFTER};
+use super::host;
 use super::hyper_answers::HyperAnswers;
 use crate::metrics::Metrics;
+use crate::transport::http::body::Draining;
 
 /// How long a connection may wait for a request, in each of its states.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,14 +77,15 @@ async fn serve_http_connection(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
+    let shutdown_for_bodies = shutdown.clone();
     let clock = Arc::new(HeadClock::new());
     let clocked = Clocked {
         stream: accepted.stream,
         clock: clock.clone(),
     };
-    let io = TokioIo::new(HyperAnswers::new(clocked, metrics));
+    let io = TokioIo::new(HyperAnswers::new(clocked, metrics.clone()));
     let timer = HeadTimer {
-        clock,
+        clock: clock.clone(),
         timeouts,
         gate,
         shutdown: shutdown.clone(),
@@ -91,16 +95,29 @@ async fn serve_http_connection(
         .timer(timer)
         .header_read_timeout(timeouts.header_read)
         .keep_alive(timeouts.keep_alive.is_some());
-    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        tower::Service::call(&mut app.clone(), request)
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        // Called as soon as hyper has parsed the head, before it reads on.
+        clock.request(hyper::body::Body::size_hint(request.body()).exact());
+        request
+            .extensions_mut()
+            .insert(Draining(shutdown_for_bodies.clone()));
+        let refused = host::refusal(&request, &metrics);
+        let mut app = app.clone();
+        async move {
+            match refused {
+                Some(refused) => Ok(refused),
+                None => tower::Service::call(&mut app, request).await,
+            }
+        }
     });
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
     let served = tokio::select! {
         served = connection.as_mut() => served,
         () = shutdown.cancelled() => {
-            // Idle and half-sent heads close at once (the timer sees the shutdown); a request
-            // in flight is answered, then the connection closes.
+            // Idle and half-sent heads close at once (the timer sees the shutdown), and so do
+            // bodies still arriving (the app sees it: `Draining`); a request in flight is
+            // answered, then the connection closes.
             connection.as_mut().graceful_shutdown();
             connection.await
         }
@@ -119,6 +136,8 @@ struct HeadClock {
     /// 0: none yet.
     first_byte: AtomicU64,
     waited_before: AtomicBool,
+    /// Whether hyper's buffer holds bytes of the next head when the wait for it begins.
+    framing: Mutex<Framing>,
 }
 
 impl HeadClock {
@@ -127,22 +146,46 @@ impl HeadClock {
             origin: Instant::now(),
             first_byte: AtomicU64::new(0),
             waited_before: AtomicBool::new(false),
+            framing: Mutex::new(Framing::default()),
         }
     }
 
-    /// Starts the wait for a head; true for the connection's first.
+    fn framing(&self) -> MutexGuard<'_, Framing> {
+        self.framing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// Starts the wait for a head; true for the connection's first. A head whose first bytes
+    /// came with the request before it (pipelined) has the header timeout from now: the
+    /// server was busy with that request until now.
     fn start_head(&self) -> bool {
-        self.first_byte.store(0, Ordering::Relaxed);
+        let first_byte = if self.framing().head_started() {
+            self.now()
+        } else {
+            0
+        };
+        self.first_byte.store(first_byte, Ordering::Relaxed);
         !self.waited_before.swap(true, Ordering::Relaxed)
     }
 
-    fn saw_bytes(&self) {
+    fn saw_bytes(&self, bytes: &[u8]) {
+        self.framing().read(bytes);
         if self.first_byte.load(Ordering::Relaxed) == 0 {
-            let at = u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1;
-            let _ = self
-                .first_byte
-                .compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed);
+            let _ = self.first_byte.compare_exchange(
+                0,
+                self.now(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
+    }
+
+    /// hyper hands a request over, its body `body_length` bytes long (`None`: chunked).
+    fn request(&self, body_length: Option<u64>) {
+        self.framing().request(body_length);
     }
 
     fn first_byte(&self) -> Option<Instant> {
@@ -168,7 +211,7 @@ impl AsyncRead for Clocked {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.clock.saw_bytes();
+            self.clock.saw_bytes(&buf.filled()[before..]);
         }
         polled
     }

@@ -10,12 +10,16 @@
 //! - HTTP/1 ([`serve_http`], [`http1`]): hyper's connection, with a timer of our own
 //!   (`HeadTimer`) for hyper's header-read timeout, which is the only time hyper waits for a
 //!   client without a request in flight. The timer ends the wait after `--header-read-timeout`
-//!   from a head's first byte (from connecting, for a connection's first request) or after
-//!   `--keep-alive-timeout` without a byte, at once on shutdown, and early under the cap as
-//!   above. Bodies have their own deadline (`--body-read-timeout`, the HTTP API's). A request
-//!   head hyper cannot parse never reaches the app: hyper answers it itself (400, 414 or 431,
-//!   empty body) with no hook to change that, so the socket wrapper replaces that answer with
-//!   the API's JSON error and counts it ([`hyper_answers`]).
+//!   from a head's first byte (from connecting, for a connection's first request; from the
+//!   start of the wait when hyper already holds the head's first bytes, read with the request
+//!   before it, which [`framing`] tells) or after `--keep-alive-timeout` without a byte, at
+//!   once on shutdown, and early under the cap as above. Bodies have their own deadline
+//!   (`--body-read-timeout`, the HTTP API's), and are not waited for on shutdown (the app
+//!   sees it in `http::body::Draining`). A request head hyper cannot parse never reaches the
+//!   app: hyper answers it itself (400, 414 or 431, empty body) with no hook to change that,
+//!   so the socket wrapper replaces that answer with the API's JSON error and counts it
+//!   ([`hyper_answers`]). A `Host` header that RFC 9112 refuses is answered 400 before the
+//!   app ([`host`]).
 //! - gRPC ([`grpc_incoming`], [`grpc`]): tonic's HTTP/2 connections under the same cap, with
 //!   the connection preface due within `--header-read-timeout` (and at once on shutdown); once
 //!   the connection is up, HTTP/2 pings (the gRPC server's) find dead peers.
@@ -23,8 +27,10 @@
 //!   not the descriptor table is what runs out first.
 
 mod forward;
+mod framing;
 pub mod gate;
 pub mod grpc;
+mod host;
 pub mod http1;
 pub mod hyper_answers;
 

@@ -451,6 +451,128 @@ async fn shutdown_closes_connections_without_a_request_at_once_and_answers_the_r
     );
 }
 
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_request_body_still_arriving() {
+    // Every timeout far longer than the test waits: only the shutdown can end the stall.
+    let server = start(Setup::default()).await;
+    let head = "POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+                Content-Length: 200\r\n\r\n{\"text\": \"one two";
+    let mut stalled = connect(server.addr, head.as_bytes()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    server.shutdown.cancel();
+    let (answer, waited) = read_until_closed(&mut stalled).await;
+    let (line, body) = status_and_body(&answer);
+    assert_eq!(line, "HTTP/1.1 503 Service Unavailable", "{answer}");
+    assert_eq!(error_type(body), "not_ready", "{answer}");
+    assert!(
+        answer.to_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    tokio::time::timeout(PATIENCE, server.served)
+        .await
+        .expect("serve_http returns without waiting for the body")
+        .unwrap();
+    assert!(waited < Duration::from_secs(1), "answered after {waited:?}");
+}
+
+#[tokio::test]
+async fn host_headers_that_rfc_9112_refuses_are_400_invalid_host() {
+    let server = start(Setup::default()).await;
+    let refused = [
+        "GET /health HTTP/1.1\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: a.test\r\nHost: a.test\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: a.test\r\nx-other: 1\r\nhost: b.test\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: bad host\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: a.test/path\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: user@a.test\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: a.test:http\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: [::1\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: [not-an-address]\r\n\r\n",
+        // A request the API would take, refused for its Host alone.
+        "POST /translate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\
+         \r\n{\"text\": \"one\"}",
+        // Host is required of HTTP/1.0 requests too when sent: one, and valid.
+        "GET /health HTTP/1.0\r\nHost: a.test\r\nHost: b.test\r\n\r\n",
+    ];
+    for request in refused {
+        let mut stream = connect(server.addr, request.as_bytes()).await;
+        let (answer, _) = read_until_closed(&mut stream).await;
+        let (line, body) = status_and_body(&answer);
+        // (hyper answers in the request's version.)
+        assert!(line.ends_with(" 400 Bad Request"), "{request:?}: {answer}");
+        assert_eq!(error_type(body), "invalid_host", "{request:?}: {answer}");
+        assert!(
+            answer.to_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
+    let metrics = server.infer.metrics().render();
+    let counted = format!(
+        "nmt_errors_total{{type=\"invalid_host\"}} {}",
+        refused.len()
+    );
+    assert!(
+        metrics.lines().any(|l| l == counted),
+        "no `{counted}` in\n{metrics}"
+    );
+
+    for request in [
+        // HTTP/1.0 has no Host requirement (the container image's HEALTHCHECK sends none).
+        "GET /health HTTP/1.0\r\n\r\n",
+        // An empty Host: a target URI without an authority (RFC 9112 3.2).
+        "GET /health HTTP/1.1\r\nHost:\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n",
+        "GET /health HTTP/1.1\r\nhost: Nmt-Server.internal\r\n\r\n",
+        "GET /health HTTP/1.1\r\nHost: xn--bcher-kva.example:80\r\n\r\n",
+    ] {
+        let mut stream = connect(server.addr, request.as_bytes()).await;
+        let (head, _) = read_response(&mut stream).await;
+        assert!(head.contains(" 200 ok\r\n"), "{request:?}: {head}");
+    }
+}
+
+#[tokio::test]
+async fn a_half_sent_head_behind_a_complete_request_has_the_header_timeout() {
+    // The next head's first bytes come in the same write as the request before it: hyper has
+    // them before it starts waiting for that head.
+    let server = start(Setup {
+        header_read: SHORT,
+        ..Setup::default()
+    })
+    .await;
+    let post = "POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+                Content-Length: 15\r\n\r\n{\"text\": \"one\"}";
+    let next = "POST /translate HTTP/1.1\r\nHost: x\r\nCont";
+    for first in [std::str::from_utf8(HEALTH).unwrap(), post] {
+        let mut stream = connect(server.addr, format!("{first}{next}").as_bytes()).await;
+        let (head, _) = read_response(&mut stream).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        let (answer, waited) = read_until_closed(&mut stream).await;
+        assert_eq!(answer, "", "closed without an answer");
+        assert!(
+            waited >= SHORT / 2 && waited < SHORT * 3,
+            "{first:?}: closed after {waited:?}"
+        );
+    }
+
+    // Requests pipelined whole are all answered, and what follows the last is the keep-alive
+    // wait, not a head: a body is not taken for the next head, nor is a trailing CRLF.
+    let server = start(Setup {
+        header_read: SHORT,
+        keep_alive: Some(SHORT * 4),
+        ..Setup::default()
+    })
+    .await;
+    let pipelined = format!("{post}{post}\r\n");
+    let mut stream = connect(server.addr, pipelined.as_bytes()).await;
+    let (answers, waited) = read_until_closed(&mut stream).await;
+    assert_eq!(answers.matches("HTTP/1.1 200 OK").count(), 2, "{answers}");
+    assert_eq!(answers.matches(r#""text":"one""#).count(), 2, "{answers}");
+    assert!(waited >= SHORT * 4 - SLACK, "closed after {waited:?}");
+}
+
 async fn start_grpc(preface_timeout: Duration) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -10,6 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio_util::sync::CancellationToken;
 
 use crate::service::{ApiError, Infer};
 use crate::transport::error::ErrorType;
@@ -19,6 +20,14 @@ pub struct BodyLimits {
     pub max_bytes: usize,
     pub read_timeout: Duration,
 }
+
+/// Cancelled when the server begins to shut down; the HTTP accept loop puts it on every
+/// request it reads. A body still on its way then is not waited for: its request is not in
+/// flight yet (a translation only starts once the body is in, and would be refused as the
+/// server is no longer ready), and a client that stalls mid-body would hold the shutdown for
+/// the whole grace.
+#[derive(Clone, Debug)]
+pub struct Draining(pub CancellationToken);
 
 /// Reads the whole body before the handler runs, so that a client sending it slowly or not at
 /// all gets a 408 and frees its connection (the request timeout only starts once the request
@@ -43,9 +52,22 @@ pub async fn read_body(State(limits): State<BodyLimits>, request: Request, next:
     if request.body().size_hint().lower() > limits.max_bytes as u64 {
         return too_large();
     }
+    let draining = request.extensions().get::<Draining>().cloned();
     let (parts, body) = request.into_parts();
     let body = Limited::new(body, limits.max_bytes).collect();
-    match tokio::time::timeout(limits.read_timeout, body).await {
+    let read = tokio::select! {
+        // A body that is in is read, whatever else is happening.
+        biased;
+        read = tokio::time::timeout(limits.read_timeout, body) => read,
+        () = shutting_down(draining) => {
+            return closing(ApiError::NotReady(
+                "the server is shutting down and the request body was not complete; retry \
+                 (another instance, or this one once it is back)"
+                    .into(),
+            ));
+        }
+    };
+    match read {
         Ok(Ok(body)) => {
             let request = Request::from_parts(parts, Body::from(body.to_bytes()));
             next.run(request).await
@@ -72,6 +94,15 @@ pub async fn read_body(State(limits): State<BodyLimits>, request: Request, next:
             "the request body did not arrive within {} s of the request head",
             limits.read_timeout.as_secs_f64()
         ))),
+    }
+}
+
+/// Completes when the server begins to shut down; never for a request that did not come
+/// through the accept loop (in-process callers of the app).
+async fn shutting_down(draining: Option<Draining>) {
+    match draining {
+        Some(Draining(token)) => token.cancelled_owned().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -113,7 +144,7 @@ fn client_left(error: &std::io::Error) -> bool {
 
 /// The rest of an unread body may still be on its way: only closing the connection after the
 /// answer avoids reading it.
-fn closing(error: ApiError) -> Response {
+pub fn closing(error: ApiError) -> Response {
     let mut response = error.into_response();
     response
         .headers_mut()

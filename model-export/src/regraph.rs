@@ -1,0 +1,53 @@
+//! A package's graphs written again by this exporter, everything else kept: when the graph
+//! writer changes how it computes (not what), shipped packages get the new graphs without
+//! their run's checkpoints, which exist only on the machine that trained. The weights go
+//! package -> checkpoint ([`crate::checkpoint`]) -> graphs, a round trip the parity tests
+//! hold to the same weights; the manifest keeps its name, domains, evaluation, training
+//! provenance and length predictor, and gets the new graphs' checksums.
+
+use std::path::PathBuf;
+
+use anyhow::{ensure, Context};
+use candle_core::Device;
+use model_package::{files, Manifest};
+
+use crate::checkpoint::{checkpoint_from_package, CheckpointArgs};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct RegraphArgs {
+    /// Float32 Transformer-family package to rewrite in place (e.g. models/en-es-rel-ldpe).
+    /// An int8 copy is made again from it with `nmt-export quantize`.
+    #[arg(long)]
+    pub package: PathBuf,
+}
+
+/// Rewrites the package's encoder and decoder graphs; returns its manifest.
+pub fn regraph_package(args: &RegraphArgs) -> anyhow::Result<Manifest> {
+    let work = tempfile::tempdir().context("a temporary directory for the checkpoint")?;
+    let checkpoint = work.path().join("checkpoint");
+    checkpoint_from_package(&CheckpointArgs {
+        package: args.package.clone(),
+        out: checkpoint.clone(),
+    })?;
+    let model = nmt_train::train::checkpoint::load_model(&checkpoint, &Device::Cpu)?;
+    let mut manifest = Manifest::load(&args.package)?;
+    let (graphs, decoder_state) = crate::graphs(&model)?;
+    ensure!(
+        decoder_state == manifest.decoder_state,
+        "the exporter now writes another decoder state than {} declares: export the package \
+         afresh from a checkpoint instead",
+        args.package.display()
+    );
+    // Written beside the package, then renamed over its files, so that a failure leaves
+    // the old graphs whole.
+    for (file, graph) in [(files::ENCODER, &graphs.0), (files::DECODER, &graphs.1)] {
+        let fresh = work.path().join(file);
+        crate::write_onnx(&fresh, graph)?;
+        let target = args.package.join(file);
+        std::fs::copy(&fresh, target.with_extension("onnx.new"))
+            .and_then(|_| std::fs::rename(target.with_extension("onnx.new"), &target))
+            .with_context(|| format!("replacing {}", target.display()))?;
+    }
+    manifest.write(&args.package, &[files::ENCODER, files::DECODER])?;
+    Ok(manifest)
+}
