@@ -8,7 +8,9 @@ set -euo pipefail
 # chromium: the web page test loads `/` in headless Chromium. curl: the README test runs the
 # README's curl examples as written.
 APT_PACKAGES=(gettext diatheke sword-text-web sword-text-kjv sword-text-sparv prometheus fonts-dejavu-core chromium curl)
-PIP_PACKAGES=(onnxruntime==1.31.1 onnx==1.23.2 sacrebleu==2.6.0)
+# libretranslatepy, deep-translator, deepl: the real clients of the LibreTranslate- and
+# DeepL-compatible APIs, which tests/tests/compat_clients.rs points at the server.
+PIP_PACKAGES=(onnxruntime==1.31.1 onnx==1.23.2 sacrebleu==2.6.0 libretranslatepy==2.1.4 deep-translator==1.11.4 deepl==1.32.0)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -31,7 +33,12 @@ for component in rustfmt clippy; do
   fi
 done
 
-if ! python3 -c "import onnxruntime, onnx, sacrebleu; assert onnxruntime.__version__ == '1.31.1'" 2>/dev/null; then
+if ! python3 - "${PIP_PACKAGES[@]}" 2>/dev/null <<'PY'; then
+import importlib.metadata, sys
+for pin in sys.argv[1:]:
+    name, version = pin.split("==")
+    assert importlib.metadata.version(name) == version, pin
+PY
   echo "setup: installing Python packages: ${PIP_PACKAGES[*]}"
   python3 -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
 fi

@@ -3,9 +3,10 @@
 //! length, so every latency histogram carries an `input_length` label whose values are the
 //! fixed buckets of [`input_length_bucket`], never the raw length.
 
+use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 // The buckets are the engine's, so that nmt-eval reports by the same ones as the dashboards.
@@ -41,7 +42,16 @@ pub struct Metrics {
     pub admission_lateness: GaugeVec,
     pub length_deviation: HistogramVec,
     pub errors: IntCounterVec,
+    /// Requests by route: the router's path templates, so the label's values are bounded by
+    /// the routes.
+    pub http_requests: IntCounterVec,
+    /// Characters of the texts translated through the DeepL-compatible `POST /v2/translate`:
+    /// what `GET /v2/usage` reports.
+    pub deepl_characters: IntCounter,
 }
+
+/// A path that no route matched, as the `endpoint` label counts it.
+pub const UNMATCHED_ENDPOINT: &str = "unmatched";
 
 /// One model's handles of the metrics its worker threads keep.
 #[derive(Clone)]
@@ -54,6 +64,14 @@ pub struct WorkerMetrics {
     pub admission_lateness: Gauge,
 }
 
+/// `metric`, registered in `registry`.
+fn registered<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
+}
+
 fn histogram(
     registry: &Registry,
     name: &str,
@@ -61,31 +79,26 @@ fn histogram(
     buckets: &[f64],
     labels: &[&str],
 ) -> HistogramVec {
-    let metric = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        labels,
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    registered(
+        registry,
+        HistogramVec::new(opts, labels).expect("valid histogram"),
     )
-    .expect("valid histogram");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric names are unique");
-    metric
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric names are unique");
-    metric
+    registered(registry, metric)
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    registered(registry, metric)
 }
 
 fn float_gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let metric = GaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric names are unique");
-    metric
+    registered(registry, metric)
 }
 
 impl Default for Metrics {
@@ -98,16 +111,6 @@ impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
         let by_length = &["model", "input_length"];
-        let errors = IntCounterVec::new(
-            Opts::new(
-                "nmt_errors_total",
-                "Failed requests by error type (the `error_type` of the JSON error body).",
-            ),
-            &["type"],
-        )
-        .expect("valid counter");
-        r.register(Box::new(errors.clone()))
-            .expect("metric names are unique");
         Metrics {
             request_duration: histogram(
                 &r,
@@ -201,7 +204,28 @@ impl Metrics {
                 DEVIATION_BUCKETS,
                 &["model"],
             ),
-            errors,
+            errors: counter(
+                &r,
+                "nmt_errors_total",
+                "Failed requests by error type (the `error_type` of the JSON error body).",
+                &["type"],
+            ),
+            http_requests: counter(
+                &r,
+                "nmt_http_requests_total",
+                "HTTP requests by endpoint: the route's path (`/translate`, \
+                 `/libretranslate/translate`, `/v2/translate`, ...), or `unmatched`.",
+                &["endpoint"],
+            ),
+            deepl_characters: registered(
+                &r,
+                IntCounter::new(
+                    "nmt_deepl_characters_total",
+                    "Characters of the texts translated through the DeepL-compatible \
+                     POST /v2/translate (GET /v2/usage's character_count).",
+                )
+                .expect("valid counter"),
+            ),
             registry: r,
         }
     }
@@ -229,6 +253,11 @@ impl Metrics {
 
     pub fn record_error(&self, error_type: &str) {
         self.errors.with_label_values(&[error_type]).inc();
+    }
+
+    /// Counts a request to `endpoint`: a route's path template, or [`UNMATCHED_ENDPOINT`].
+    pub fn record_request(&self, endpoint: &str) {
+        self.http_requests.with_label_values(&[endpoint]).inc();
     }
 }
 

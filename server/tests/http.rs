@@ -13,6 +13,7 @@ use nmt_server::scheduler::{Batching, SchedulerConfig};
 use nmt_server::service::RequestLimits;
 use nmt_server::testing::{self, CopyBackend};
 use nmt_server::transport::error::ErrorBody;
+use nmt_server::transport::http::compat::Api;
 use nmt_server::transport::http::{openapi_json, Models, REQUEST_ID};
 use nmt_server::{app, Infer, TranslateResponse, Translation};
 use tower::ServiceExt;
@@ -897,7 +898,13 @@ async fn the_served_openapi_document_is_the_generated_one_and_agrees_with_the_li
         .iter()
         .map(|e| e.status().as_u16())
         .collect();
-    for (path, methods) in doc["paths"].as_object().unwrap() {
+    // The compatible APIs answer in their own shapes (tests/compat.rs checks those).
+    let own_paths = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(path, _)| Api::of(path).is_none());
+    for (path, methods) in own_paths {
         for (method, operation) in methods.as_object().unwrap() {
             for (status, response) in operation["responses"].as_object().unwrap() {
                 let code: u16 = status.parse().unwrap();

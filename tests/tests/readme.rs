@@ -45,6 +45,10 @@ enum How {
     /// [`How::InRepo`], then `$MINILM` must be the BERT directory that the commands after it
     /// are given (they are not run here).
     MiniLm,
+    /// [`How::Curl`]'s session and port, for the LibreTranslate- and DeepL-compatible
+    /// examples (curl, and the deepl CLI): a 2xx for curl, and a non-empty translation for
+    /// each text, within `max_chars` where asked.
+    Compat,
     /// grpcurl is not packaged for Debian (bookworm) and `scripts/setup.sh` does not install it,
     /// so the example's `-d` JSON is converted to the proto request and sent, with the client
     /// generated from the same `proto/translate.proto`, to the served gRPC port.
@@ -55,6 +59,9 @@ enum How {
 const RUN: &[(&str, How)] = &[
     ("scripts/serve.sh", How::Serve),
     ("curl -s localhost:8080/translate ", How::Curl),
+    ("curl -s localhost:8080/libretranslate/", How::Compat),
+    ("curl -s localhost:8080/v2/", How::Compat),
+    ("python3 -m deepl ", How::Compat),
     (
         "source scripts/env.sh && cargo build --release -p nmt-translate",
         How::InRepo,
@@ -565,6 +572,51 @@ fn check_curl_answer(command: &str, output: &str) {
     }
 }
 
+/// A compatible API's example: curl's answer (its body, then the status line that .curlrc
+/// adds) in LibreTranslate's or DeepL's shape, or the deepl CLI's lines.
+fn check_compat_answer(command: &str, output: &str) {
+    let texts: Vec<String> = if command.starts_with("curl ") {
+        let (body, status) = output.rsplit_once('\n').unwrap_or(("", output));
+        let status: u16 = status.trim().parse().unwrap();
+        assert!(
+            (200..300).contains(&status),
+            "`{command}` answered {status}: {body}"
+        );
+        let answer: Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("`{command}` answered no JSON ({e}): {body}"));
+        let request: Value =
+            serde_json::from_str(&flag_value(&shell_words(command), "-d")).unwrap();
+        let asked = match request.get("q").or(request.get("text")) {
+            Some(Value::Array(texts)) => texts.len(),
+            _ => 1,
+        };
+        let text = |t: &Value| t.as_str().unwrap_or_default().to_string();
+        let texts: Vec<String> = match (&answer["translatedText"], &answer["translations"]) {
+            (Value::String(one), _) => vec![one.clone()],
+            (Value::Array(texts), _) => texts.iter().map(text).collect(),
+            (_, Value::Array(ts)) => ts.iter().map(|t| text(&t["text"])).collect(),
+            _ => panic!("`{command}` answered no translation: {body}"),
+        };
+        assert_eq!(texts.len(), asked, "{body}");
+        if let Some(max_chars) = request["max_chars"].as_u64() {
+            for text in &texts {
+                let chars = text.chars().count() as u64;
+                assert!(
+                    chars <= max_chars,
+                    "{chars} characters over {max_chars}: {text}"
+                );
+            }
+        }
+        texts
+    } else {
+        output.lines().map(str::to_string).collect()
+    };
+    assert!(!texts.is_empty(), "`{command}`: no translation");
+    for text in texts {
+        assert!(!text.trim().is_empty(), "`{command}`: an empty translation");
+    }
+}
+
 /// grpcurl's `-d` JSON (the proto3 JSON mapping of `nmt.v1.TranslateRequest`) as the request.
 fn proto_request(json: &str) -> proto::TranslateRequest {
     let Value::Object(fields) = serde_json::from_str(json).unwrap() else {
@@ -725,7 +777,7 @@ fn readme_commands_work_as_written() {
                 }
                 served = Some(s);
             }
-            How::Curl => {
+            How::Curl | How::Compat => {
                 let (url, _) = server(&served);
                 let port = url.rsplit(':').next().unwrap();
                 let readme_port = format!("localhost:{}", server_default("port"));
@@ -733,7 +785,11 @@ fn readme_commands_work_as_written() {
                 let command = command.replace(&readme_port, &format!("localhost:{port}"));
                 let output = session.run(&repo(), &command);
                 eprintln!("  {output}");
-                check_curl_answer(&command, &output);
+                if how == How::Curl {
+                    check_curl_answer(&command, &output);
+                } else {
+                    check_compat_answer(&command, &output);
+                }
             }
             How::InRepo => {
                 session.run(&repo(), &command);

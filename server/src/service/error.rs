@@ -13,7 +13,7 @@ use nmt_engine::{EngineError, ValidationError};
 ///
 /// The variant's name in snake case is its `error_type` ([`ApiError::error_type`]), which
 /// clients and the metrics key on: renaming a variant renames it on the wire.
-#[derive(Debug, thiserror::Error, IntoStaticStr, VariantNames, EnumIter)]
+#[derive(Clone, Debug, thiserror::Error, IntoStaticStr, VariantNames, EnumIter)]
 #[strum(serialize_all = "snake_case")]
 pub enum ApiError {
     /// The body is not syntactically valid JSON.

@@ -153,10 +153,12 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
-        // The metrics layer counts errors by this type (see `http::app`).
+        // The metrics layer counts errors by this type (see `http::app`), and the compatible
+        // APIs answer the error itself in their own shape (`http::compat::in_their_shape`).
         response
             .extensions_mut()
             .insert(ErrorType(self.error_type()));
+        response.extensions_mut().insert(self);
         response
     }
 }

@@ -8,8 +8,9 @@ use utoipa::OpenApi;
 
 // Glob: `paths(...)` needs each handler's generated `__path_*` type in scope, and a handler
 // named by its module path would be tagged with that module in the document.
+use super::compat::{deepl, libretranslate};
 use super::handlers::*;
-use super::types::{ErrorResponse, RetryResponse};
+use super::types::{ErrorOf, ErrorResponse, RetryOf, RetryResponse};
 use crate::transport::error::ErrorBody;
 
 /// The OpenAPI 3.1 description of the JSON API, generated from the handlers and their types.
@@ -19,11 +20,40 @@ use crate::transport::error::ErrorBody;
     info(
         title = "nmt-server",
         description = "Length-robust, length-controllable machine translation. Every error is \
-                       a JSON object {error, error_type}; every response carries an \
-                       x-request-id header (the client's, or a new UUID)."
+                       a JSON object {error, error_type} (on the LibreTranslate- and \
+                       DeepL-compatible paths, those APIs' own shapes); every response carries \
+                       an x-request-id header (the client's, or a new UUID)."
     ),
-    paths(translate, health, ready, metrics, openapi, models),
-    components(schemas(ErrorBody), responses(ErrorResponse, RetryResponse))
+    paths(
+        translate,
+        health,
+        ready,
+        metrics,
+        openapi,
+        models,
+        libretranslate::translate,
+        libretranslate::languages,
+        libretranslate::detect,
+        deepl::translate,
+        deepl::languages,
+        deepl::usage,
+    ),
+    components(
+        schemas(
+            ErrorBody,
+            libretranslate::ErrorBody,
+            deepl::ErrorBody,
+            deepl::LanguageKind
+        ),
+        responses(
+            ErrorResponse,
+            RetryResponse,
+            ErrorOf<libretranslate::ErrorBody>,
+            RetryOf<libretranslate::ErrorBody>,
+            ErrorOf<deepl::ErrorBody>,
+            RetryOf<deepl::ErrorBody>,
+        )
+    )
 )]
 pub struct ApiDoc;
 

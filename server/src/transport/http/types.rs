@@ -1,14 +1,16 @@
 //! What the handlers read and write that is the HTTP API's own (the service's answers are sent
 //! as they are), with the schemas the OpenAPI document gives them.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::marker::PhantomData;
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::response::{Response as ResponseObject, ResponseBuilder};
 use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
-use utoipa::openapi::{ContentBuilder, HeaderBuilder, RefOr};
-use utoipa::{PartialSchema, ToResponse, ToSchema};
+use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr};
+use utoipa::{IntoResponses, PartialSchema, ToResponse, ToSchema};
 
 use crate::service::schema::LengthModeSchema;
 use crate::service::{ModelInfo, TranslateRequest};
@@ -234,20 +236,34 @@ pub struct Models {
     pub models: Vec<ModelInfo>,
 }
 
-/// An error answer: `{error, error_type}` (`#/components/responses/Error`).
-pub struct ErrorResponse;
+/// An error body, and the names of the responses that carry it in the OpenAPI document: this
+/// API's [`ErrorBody`], and the compatible APIs' own.
+pub trait ErrorShape: ToSchema {
+    /// The response of an error (`#/components/responses/<ERROR>`).
+    const ERROR: &'static str;
+    /// The response of an error that may say when to retry.
+    const RETRY: &'static str;
+}
 
-impl<'r> ToResponse<'r> for ErrorResponse {
+impl ErrorShape for ErrorBody {
+    const ERROR: &'static str = "Error";
+    const RETRY: &'static str = "Retry";
+}
+
+/// An error answer in the shape `B`.
+pub struct ErrorOf<B>(PhantomData<B>);
+
+impl<'r, B: ErrorShape> ToResponse<'r> for ErrorOf<B> {
     fn response() -> (&'r str, RefOr<ResponseObject>) {
-        ("Error", error_response("An error").into())
+        (B::ERROR, error_response::<B>("An error").into())
     }
 }
 
-/// An error answer that may say when to retry (`#/components/responses/Retry`): 429
-/// `overloaded` and 503 `not_ready` carry `Retry-After`, 503 `unavailable` does not.
-pub struct RetryResponse;
+/// An error answer in the shape `B` that may say when to retry: 429 `overloaded` and 503
+/// `not_ready` carry `Retry-After`, 503 `unavailable` does not.
+pub struct RetryOf<B>(PhantomData<B>);
 
-impl<'r> ToResponse<'r> for RetryResponse {
+impl<'r, B: ErrorShape> ToResponse<'r> for RetryOf<B> {
     fn response() -> (&'r str, RefOr<ResponseObject>) {
         let retry_after = HeaderBuilder::new()
             .schema(u64::schema())
@@ -255,18 +271,48 @@ impl<'r> ToResponse<'r> for RetryResponse {
                 "Seconds to wait before sending the request again (`overloaded`, `not_ready`).",
             ))
             .build();
-        let response = error_response("Overloaded or not ready: retry after the given seconds")
-            .header("Retry-After", retry_after);
-        ("Retry", response.into())
+        let response =
+            error_response::<B>("Overloaded or not ready: retry after the given seconds")
+                .header("Retry-After", retry_after);
+        (B::RETRY, response.into())
     }
 }
 
-fn error_response(description: &str) -> ResponseBuilder {
+/// The error responses of a route that translates, in the shape `B`: what the request got
+/// wrong (400), a body too slow or too large (408, 413), the door (429, with `Retry-After`),
+/// and the server's own failures (500, 503, 504).
+pub struct TranslateErrors<B>(PhantomData<B>);
+
+impl<B: ErrorShape> IntoResponses for TranslateErrors<B> {
+    fn responses() -> BTreeMap<String, RefOr<ResponseObject>> {
+        [400, 408, 413, 429, 500, 503, 504]
+            .into_iter()
+            .map(|status| {
+                let name = match status {
+                    429 | 503 => B::RETRY,
+                    _ => B::ERROR,
+                };
+                (
+                    status.to_string(),
+                    RefOr::Ref(Ref::from_response_name(name)),
+                )
+            })
+            .collect()
+    }
+}
+
+/// An error answer: `{error, error_type}` (`#/components/responses/Error`).
+pub type ErrorResponse = ErrorOf<ErrorBody>;
+
+/// An error answer that may say when to retry (`#/components/responses/Retry`).
+pub type RetryResponse = RetryOf<ErrorBody>;
+
+fn error_response<B: ToSchema>(description: &str) -> ResponseBuilder {
     ResponseBuilder::new().description(description).content(
         "application/json",
         ContentBuilder::new()
             .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
-                ErrorBody::name(),
+                B::name(),
             ))))
             .build(),
     )
