@@ -55,7 +55,7 @@ pub fn pieces(lengths: &[usize], max_pairs: usize) -> Vec<Range<usize>> {
 ///   `nmt-train`'s step).
 /// - One arena for every thread: with glibc's default of one per thread, what the HTTP
 ///   threads and the model workers freed sat in heaps that [`give_back_free_pages`] did not
-///   shrink (after a 512-subword request RSS stayed 25-30% above idle; with one arena it
+///   shrink (after a 512-subword request RSS stayed 7-33% above idle; with one arena it
 ///   returns to idle). Small allocations still come from per-thread caches, lock-free.
 pub fn configure_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

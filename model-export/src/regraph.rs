@@ -38,14 +38,13 @@ pub fn regraph_package(args: &RegraphArgs) -> anyhow::Result<Manifest> {
          afresh from a checkpoint instead",
         args.package.display()
     );
-    // Written beside the package, then renamed over its files, so that a failure leaves
+    // Written beside the package's files, then renamed over them, so that a failure leaves
     // the old graphs whole.
     for (file, graph) in [(files::ENCODER, &graphs.0), (files::DECODER, &graphs.1)] {
-        let fresh = work.path().join(file);
-        crate::write_onnx(&fresh, graph)?;
         let target = args.package.join(file);
-        std::fs::copy(&fresh, target.with_extension("onnx.new"))
-            .and_then(|_| std::fs::rename(target.with_extension("onnx.new"), &target))
+        let fresh = target.with_extension("onnx.new");
+        crate::write_onnx(&fresh, graph)?;
+        std::fs::rename(&fresh, &target)
             .with_context(|| format!("replacing {}", target.display()))?;
     }
     manifest.write(&args.package, &[files::ENCODER, files::DECODER])?;

@@ -10,13 +10,16 @@
 //! - [`ApiClient`]: the HTTP API, typed with the server's own wire types
 //!   ([`nmt_server::TranslateResponse`], [`nmt_server::ModelInfo`]), and
 //!   [`ApiClient::wait_ready`].
+//! - [`text_of_subwords`]: an input of a chosen length in a package's subwords.
 //!
 //! Nothing here stands in for the server: it is always the real binary on loopback ports.
 
 mod binaries;
 mod client;
 mod process;
+mod texts;
 
 pub use binaries::{release_binary, shipped_package, workspace_binary, workspace_root};
 pub use client::{ApiClient, TranslateReply};
 pub use process::{ServerProcess, StartOptions, Stderr};
+pub use texts::text_of_subwords;

@@ -574,6 +574,19 @@ async fn wait_for_exit(
     (server, status.expect(expectation))
 }
 
+/// SIGTERM to `server`, then its exit within `limit` (`expectation` says why it should
+/// come): the server, its status, and how long after the signal it exited.
+async fn sigterm_and_wait(
+    server: ServerProcess,
+    limit: Duration,
+    expectation: &str,
+) -> (ServerProcess, std::process::ExitStatus, Duration) {
+    let started = std::time::Instant::now();
+    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
+    let (server, status) = wait_for_exit(server, limit, expectation).await;
+    (server, status, started.elapsed())
+}
+
 /// `nmt-server` on the shipped package under `ulimit -n open_files` (soft and hard, as a
 /// service manager sets it), its log kept for the test to read.
 fn start_server_under_ulimit(open_files: u32, extra: &[&str]) -> ServerProcess {
@@ -671,16 +684,14 @@ async fn sigterm_does_not_wait_for_half_sent_requests_or_idle_connections() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let started = std::time::Instant::now();
-    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
-    let (_server, status) = wait_for_exit(
+    let (_server, status, exited) = sigterm_and_wait(
         server,
         Duration::from_secs(20),
         "the server exits without waiting for the held connections",
     )
     .await;
     assert!(status.success(), "exit status {status}");
-    eprintln!("exited {:?} after SIGTERM", started.elapsed());
+    eprintln!("exited {exited:?} after SIGTERM");
 }
 
 /// A request head declaring a body of 1000 bytes, and the first few of them: a client that
@@ -716,15 +727,12 @@ async fn sigterm_does_not_wait_for_a_stalled_request_body() {
     wait_until_ready(&client, &server).await;
     let mut stalled = stalled_body(&server).await;
 
-    let started = std::time::Instant::now();
-    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
-    let (server, status) = wait_for_exit(
+    let (server, status, exited) = sigterm_and_wait(
         server,
         Duration::from_secs(30),
         "the server exits (at the latest when the grace runs out)",
     )
     .await;
-    let exited = started.elapsed();
     eprintln!("exited {exited:?} after SIGTERM with a stalled body held");
     let log = server.log().unwrap();
     assert!(status.success(), "exit status {status}; log:\n{log}");
@@ -835,15 +843,12 @@ async fn sigterm_does_not_wait_for_a_client_that_stopped_reading() {
 /// 2.5 s (one second for answers still being written, then no longer) and says it closed the
 /// connections still open.
 async fn sigterm_exits_without_waiting_for(server: ServerProcess, what: &str) {
-    let started = std::time::Instant::now();
-    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
-    let (server, status) = wait_for_exit(
+    let (server, status, exited) = sigterm_and_wait(
         server,
         Duration::from_secs(30),
         "the server exits (at the latest when the grace runs out)",
     )
     .await;
-    let exited = started.elapsed();
     eprintln!("exited {exited:?} after SIGTERM with {what}");
     let log = server.log().unwrap();
     assert!(status.success(), "exit status {status}; log:\n{log}");
@@ -1161,8 +1166,7 @@ async fn sigterm_past_the_grace_drops_requests_in_flight_and_exits_non_zero() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    run(Command::new("kill").args(["-TERM", &server.pid().to_string()]));
-    let (server, status) = wait_for_exit(
+    let (server, status, _) = sigterm_and_wait(
         server,
         Duration::from_secs(20),
         "the server exits once the grace runs out",

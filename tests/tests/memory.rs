@@ -29,25 +29,13 @@ const PROSE: &str = "The committee met on Tuesday to review the budget for the c
 /// `max_tokens` by the package's own tokenizer.
 fn text_of_subwords(package: &Path, max_tokens: usize) -> (String, usize) {
     let tokenizer = tokenizers::Tokenizer::from_file(package.join("tokenizer.json")).unwrap();
-    let words: Vec<&str> = PROSE
-        .split_whitespace()
-        .cycle()
-        .take(4 * max_tokens)
-        .collect();
-    let count = |n: usize| -> usize {
-        let text = words[..n].join(" ");
-        tokenizer.encode(text, false).unwrap().get_ids().len() + 1
-    };
-    let (mut lo, mut hi) = (1, words.len());
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        if count(mid) <= max_tokens {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    (words[..lo].join(" "), count(lo))
+    let words: Vec<&str> = PROSE.split_whitespace().collect();
+    nmt_testkit::text_of_subwords(&words, max_tokens, |text| {
+        tokenizer
+            .encode(text, false)
+            .map(|encoding| encoding.get_ids().len() + 1)
+    })
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,6 @@ use nmt_testkit::ServerProcess;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::report::{shell_join, utc_now};
 use crate::server::{server_args, start_ready};
 
 pub use report::MemoryReport;
@@ -172,7 +171,11 @@ async fn measure_package(
     let idle = rss(&server, ServerProcess::rss_mib)?;
     let mut measurements = Vec::new();
     for &length in &args.lengths {
-        let (text, subwords) = text_of_subwords(&codec, words, length)?;
+        let (text, subwords) = nmt_testkit::text_of_subwords(words, length, |text| {
+            // The server counts EOS too.
+            codec.encode(text).map(|ids| ids.len() + 1)
+        })
+        .map_err(anyhow::Error::msg)?;
         server.reset_peak_rss()?;
         let started = Instant::now();
         translate(&client, &server, &text, args.output_subwords).await?;
@@ -240,27 +243,6 @@ async fn translate(
     Ok(())
 }
 
-/// The longest run of `words` (repeated) whose subwords, EOS included, stay within `length`.
-fn text_of_subwords(codec: &TextCodec, words: &[&str], length: usize) -> Result<(String, usize)> {
-    let all: Vec<&str> = words.iter().copied().cycle().take(4 * length).collect();
-    let count = |n: usize| -> Result<usize> {
-        let ids = codec
-            .encode(&all[..n].join(" "))
-            .map_err(anyhow::Error::msg)?;
-        Ok(ids.len() + 1)
-    };
-    let (mut lo, mut hi) = (1, all.len());
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        if count(mid)? <= length {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    Ok((all[..lo].join(" "), count(lo)?))
-}
-
 /// The position family of a package, in words: what its encoder's memory depends on.
 fn positions(manifest: &Manifest) -> String {
     let c = &manifest.config;
@@ -270,14 +252,4 @@ fn positions(manifest: &Manifest) -> String {
     parts.push(format!("recurrent {:?}", c.recurrent_position).to_lowercase());
     parts.push(format!("d_model {}, {} heads", c.d_model, c.num_heads));
     parts.join(", ")
-}
-
-/// When the run was made, for the report's header.
-pub fn started_at() -> String {
-    utc_now()
-}
-
-/// The command line, for the report's header.
-pub fn command_line() -> String {
-    shell_join(&std::env::args().collect::<Vec<_>>())
 }

@@ -7,9 +7,9 @@ use anyhow::Result;
 use nmt_eval::chart::{draw, load_font, Chart};
 use serde::Serialize;
 
-use super::{command_line, started_at, MemoryArgs, PackageRun};
+use super::{MemoryArgs, PackageRun};
 use crate::overload::report::cpu_model;
-use crate::report::{nproc, Document};
+use crate::report::{nproc, shell_join, utc_now, Document};
 
 #[derive(Debug, Serialize)]
 pub struct MemoryReport {
@@ -26,8 +26,8 @@ pub struct MemoryReport {
 impl MemoryReport {
     pub fn new(args: &MemoryArgs, packages: Vec<PackageRun>) -> Self {
         MemoryReport {
-            command: command_line(),
-            date: started_at(),
+            command: shell_join(&std::env::args().collect::<Vec<_>>()),
+            date: utc_now(),
             cpu: cpu_model(),
             cores: nproc(),
             output_subwords: args.output_subwords,
