@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use model_package::{Dim, Manifest};
+use model_package::{Dim, Manifest, PredictorGraph};
 
 use crate::limits::DEFAULT_MAX_INPUT_TOKENS;
 use crate::slots::time_room;
@@ -100,6 +100,10 @@ pub fn give_back_free_pages() {
 /// of them (`nmt-bench memory`, docs/benchmarks/memory.md).
 const SCORE_COPIES_AT_PEAK: u64 = 12;
 
+/// Per-token tensors a lexical predictor run holds at its peak (ids and mask as i64, the mask
+/// as f32, the looked-up and the masked lengths), with room.
+const LEXICAL_COPIES_AT_PEAK: u64 = 8;
+
 /// The heads of a length predictor whose package does not say (BERT-base's and MiniLM's).
 pub const PREDICTOR_HEADS_UNSTATED: usize = 12;
 
@@ -160,13 +164,16 @@ impl MemoryBound {
             .as_ref()
             .and_then(|p| p.predictor.as_ref())
         {
-            Some(spec) => {
+            Some(spec) if spec.computes == PredictorGraph::Bert => {
                 let heads = spec.training["bert"]["config"]["num_attention_heads"]
                     .as_u64()
                     .unwrap_or(PREDICTOR_HEADS_UNSTATED as u64);
                 let pairs = pairs(1, spec.max_input_tokens) as u64;
                 SCORE_COPIES_AT_PEAK * heads * pairs * f32_bytes
             }
+            // Ids, mask, lengths and their products, one number per input token: at most a
+            // few MiB, no attention.
+            Some(spec) => LEXICAL_COPIES_AT_PEAK * spec.max_input_tokens as u64 * 8,
             None => 0,
         };
         MemoryBound {
@@ -216,8 +223,16 @@ mod tests {
         // room over 1,024), per layer keys and values of d_model floats, 32 rows.
         let per_position = c.decoder_layers as u64 * 2 * c.d_model as u64 * 4;
         assert_eq!(bound.caches, 32 * (1024 + 1280) * per_position);
-        // Its predictor: MiniLM's 12 heads over 512 WordPieces.
-        assert_eq!(bound.predictor_run, 12 * 12 * 512 * 512 * 4);
+        // Its predictor is lexical (a table lookup): a few numbers per WordPiece, not
+        // MiniLM's 12 heads over 512 of them (144 MiB).
+        assert_eq!(bound.predictor_run, 8 * 65_536 * 8);
+        let mut bert = manifest.clone();
+        let spec = bert.length_prediction.as_mut().unwrap();
+        let spec = spec.predictor.as_mut().unwrap();
+        spec.computes = PredictorGraph::Bert;
+        spec.max_input_tokens = 512;
+        let bert_run = MemoryBound::new(&bert, shape).predictor_run;
+        assert_eq!(bert_run, 12 * 12 * 512 * 512 * 4);
         assert_eq!(
             bound.above_idle(),
             2 * (bound.encoder_run + bound.caches) + bound.predictor_run

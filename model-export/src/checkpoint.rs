@@ -109,6 +109,17 @@ fn read_initializers(
     Ok(())
 }
 
+/// A graph's float initializers by checkpoint key (the first where two share one), e.g. a
+/// length predictor's head read back.
+pub(crate) fn float_initializers(path: &Path) -> anyhow::Result<HashMap<String, Vec<f32>>> {
+    let mut all = HashMap::new();
+    read_initializers(path, &mut all)?;
+    Ok(all
+        .into_iter()
+        .filter_map(|(key, mut found)| Some((key, found.drain(..).next()?.values)))
+        .collect())
+}
+
 /// `encoder.layers.0.ffn.fc1.weight_85` -> `encoder.layers.0.ffn.fc1.weight`. Packages
 /// exported before the export named norms by their checkpoint keys hold them inside the
 /// sublayer's scope (`layers.0.ffn.ffn_norm.bias`, `encoder.final_norm.norm.bias`): those

@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, ensure, Context};
 use candle_core::Device;
 use model_package::manifest::sha256_file;
-use model_package::{names, ExternalFile, LengthPrediction, LengthPredictorSpec, Manifest};
+use model_package::{
+    names, ExternalFile, LengthPrediction, LengthPredictorSpec, Manifest, PredictorGraph,
+};
 use nmt_train::length::PredictorReport;
 use nmt_train::model::bert::{BertConfig, BERT_TOKENIZER, BERT_WEIGHTS};
 use nmt_train::model::length_head::{LengthHead, HEAD_WEIGHTS, MIN_LEXICAL_LENGTH, SPECIAL_TOKENS};
@@ -305,20 +307,11 @@ impl BertGraph<'_> {
     }
 }
 
-/// The lexical estimate `m` `[b]`: the head's WordPiece table (inline) summed over every
-/// position but `[CLS]` and `[SEP]` (positions `1..len - 1` whose next position is real).
-fn lexical_length(
-    g: &mut Graph,
-    head: &LengthHead,
-    ids: &str,
-    mask_f32: &str,
-) -> anyhow::Result<String> {
-    let vocab = head.vocab_size()?;
-    let table = g.weight(
-        "wordpiece_lengths",
-        &[vocab],
-        &values(&head.wordpiece_lengths)?,
-    );
+/// The lexical estimate `m` `[b]`: `table` (the head's target length per WordPiece, inline)
+/// summed over every position but `[CLS]` and `[SEP]` (positions `1..len - 1` whose next
+/// position is real).
+fn lexical_length(g: &mut Graph, table: &[f32], ids: &str, mask_f32: &str) -> String {
+    let table = g.weight("wordpiece_lengths", &[table.len()], table);
     let inner = g.slice(ids, 1, 1, -1);
     let content = g.slice(mask_f32, 1, SPECIAL_TOKENS as i64, i64::MAX);
     let lengths = g.gather(&table, &inner, 0);
@@ -330,7 +323,7 @@ fn lexical_length(
         vec![attr_int("keepdims", 0)],
     );
     let floor = g.float_scalar(MIN_LEXICAL_LENGTH as f32);
-    Ok(g.op("Max", &[&sum, &floor], vec![]))
+    g.op("Max", &[&sum, &floor], vec![])
 }
 
 /// The head on `cls` `[b, d]` and `m` `[b]`: predicted lengths `[b]`, weights inline.
@@ -398,7 +391,8 @@ pub fn graph(
     let mask_f32 = g.cast(&mask, ElemType::F32);
     let cls = bert.cls(&mut g, &ids, &mask_f32)?;
     let predicted = g.scoped("head", |g| -> anyhow::Result<String> {
-        let lexical = lexical_length(g, head, &ids, &mask_f32)?;
+        let table = values(&head.wordpiece_lengths)?;
+        let lexical = lexical_length(g, &table, &ids, &mask_f32);
         Ok(head_graph(g, head, &cls, &lexical)?)
     })?;
     g.output(
@@ -412,6 +406,31 @@ pub fn graph(
         "m = sum of a learned length per WordPiece; BERT [CLS] + ln m -> MLP -> log-ratio r; \
          predicted target length = m * exp(r) (model_package::names, PREDICTOR_*)",
     ))
+}
+
+/// The predictor graph of a head kept without its `[CLS]` correction: the lexical estimate
+/// alone, from `table` (target subwords per WordPiece). That head's output layer is zero, so
+/// the BERT graph computes the same lengths after a MiniLM forward pass that costs ~10 ms a
+/// request and a core under load; this one is a table lookup, and has no position table to
+/// bound its input.
+pub fn lexical_graph(table: &[f32]) -> ModelProto {
+    let mut g = Graph::new();
+    let axes: [Axis; 2] = ["batch".into(), "len".into()];
+    let ids = g.input(names::PREDICTOR_INPUT_IDS, ElemType::I64, &axes);
+    let mask = g.input(names::PREDICTOR_ATTENTION_MASK, ElemType::I64, &axes);
+    let mask_f32 = g.cast(&mask, ElemType::F32);
+    let predicted = g.scoped("head", |g| lexical_length(g, table, &ids, &mask_f32));
+    g.output(
+        &predicted,
+        names::PREDICTED_LENGTHS,
+        ElemType::F32,
+        &["batch".into()],
+    );
+    g.finish(
+        "length_predictor",
+        "m = sum of a learned target-subword length per WordPiece ([CLS]/[SEP] left out, at \
+         least 1); predicted target length = m (head without [CLS] correction: no BERT)",
+    )
 }
 
 /// Copies `from` to `to` unless `to` already holds the same bytes; returns its sha256.
@@ -482,7 +501,18 @@ fn check_bert(report: &PredictorReport, dir: &Path) -> anyhow::Result<BertConfig
     Ok(config)
 }
 
-/// Writes the predictor into the package and records it in the manifest.
+/// Longest input, in predictor tokens, of a lexical-only graph: it has no position table, and
+/// a lookup over this many pieces is still microseconds.
+pub const LEXICAL_MAX_INPUT_TOKENS: usize = 1 << 16;
+
+/// Whether the exported graph runs the BERT: only when the kept head reads its `[CLS]` state.
+fn runs_bert(report: &PredictorReport) -> bool {
+    report.head.choice.cls_correction
+}
+
+/// Writes the predictor into the package and records it in the manifest: the BERT graph when
+/// the kept head corrects with the `[CLS]` state, else the lexical graph, which needs only
+/// the BERT's tokenizer.
 pub fn export_length_predictor(
     args: &LengthPredictorExportArgs,
 ) -> anyhow::Result<LengthPrediction> {
@@ -496,17 +526,27 @@ pub fn export_length_predictor(
     let report = PredictorReport::load(predictor)?;
     let head = LengthHead::load(&predictor.join(HEAD_WEIGHTS), &Device::Cpu)?;
     let config = check_bert(&report, bert_dir)?;
-    let max_positions = config.max_position_embeddings;
+    let bert = runs_bert(&report);
+    let max_positions = if bert {
+        config.max_position_embeddings
+    } else {
+        LEXICAL_MAX_INPUT_TOKENS
+    };
     let max_input_tokens = args.max_input_tokens.unwrap_or(max_positions);
     ensure!(
         max_input_tokens <= max_positions && max_input_tokens > SPECIAL_TOKENS,
-        "--max-input-tokens {max_input_tokens}: the BERT takes 3 to {max_positions}"
+        "--max-input-tokens {max_input_tokens}: the predictor takes 3 to {max_positions}"
     );
     let mut manifest = Manifest::load(&args.package)?;
 
     std::fs::create_dir_all(args.package.join(FILES_DIR))?;
+    let read: &[&str] = if bert {
+        &[BERT_WEIGHTS, BERT_TOKENIZER]
+    } else {
+        &[BERT_TOKENIZER]
+    };
     let mut external_files = Vec::new();
-    for file in [BERT_WEIGHTS, BERT_TOKENIZER] {
+    for file in read {
         let path = format!("{FILES_DIR}/{file}");
         let sha256 = copy_unchanged(&bert_dir.join(file), &args.package.join(&path))?;
         external_files.push(ExternalFile {
@@ -515,9 +555,13 @@ pub fn export_length_predictor(
             source: format!("{}/{file}", args.bert_source),
         });
     }
-    let location = format!("{FILES_DIR}/{BERT_WEIGHTS}");
-    let index = SafetensorsIndex::read(&args.package.join(&location))?;
-    let model = graph(&config, &index, &location, &head)?;
+    let model = if bert {
+        let location = format!("{FILES_DIR}/{BERT_WEIGHTS}");
+        let index = SafetensorsIndex::read(&args.package.join(&location))?;
+        graph(&config, &index, &location, &head)?
+    } else {
+        lexical_graph(&values(&head.wordpiece_lengths)?)
+    };
     crate::write_onnx(&args.package.join(GRAPH), &model)?;
 
     let mut training = serde_json::json!({ "bert": report.bert, "head": report.head });
@@ -531,6 +575,11 @@ pub fn export_length_predictor(
         chars_per_target_subword: Some(report.chars_per_target_subword),
         predictor: Some(LengthPredictorSpec {
             graph: GRAPH.into(),
+            computes: if bert {
+                PredictorGraph::Bert
+            } else {
+                PredictorGraph::Lexical
+            },
             tokenizer: format!("{FILES_DIR}/{BERT_TOKENIZER}"),
             max_input_tokens,
             external_files,
@@ -541,4 +590,43 @@ pub fn export_length_predictor(
     manifest.length_prediction = Some(prediction.clone());
     manifest.write(&args.package, &[GRAPH])?;
     Ok(prediction)
+}
+
+/// Rewrites a package's BERT predictor graph as the lexical graph when its kept head has no
+/// `[CLS]` correction (packages exported before the lexical graph existed); the table is read
+/// back from the graph, and the head's zero output layer checked. Returns whether it did.
+pub fn regraph_lexical(package: &Path) -> anyhow::Result<bool> {
+    let mut manifest = Manifest::load(package)?;
+    let Some(spec) = manifest
+        .length_prediction
+        .as_mut()
+        .and_then(|p| p.predictor.as_mut())
+    else {
+        return Ok(false);
+    };
+    let corrects = spec.training.pointer("/head/choice/cls_correction");
+    if corrects != Some(&serde_json::Value::Bool(false)) || spec.computes != PredictorGraph::Bert {
+        return Ok(false);
+    }
+    let weights = crate::checkpoint::float_initializers(&package.join(&spec.graph))?;
+    let table = weights
+        .get("head.wordpiece_lengths")
+        .context("the predictor graph has no head.wordpiece_lengths")?;
+    for zero in ["head.fc2.weight", "head.fc2.bias"] {
+        let values = weights.get(zero).map(Vec::as_slice).unwrap_or_default();
+        ensure!(
+            values.iter().all(|&v| v == 0.0),
+            "{zero} is not zero: the head corrects with BERT after all"
+        );
+    }
+    let target = package.join(&spec.graph);
+    let fresh = target.with_extension("onnx.new");
+    crate::write_onnx(&fresh, &lexical_graph(table))?;
+    std::fs::rename(&fresh, &target).with_context(|| format!("replacing {}", target.display()))?;
+    spec.external_files.retain(|f| f.path == spec.tokenizer);
+    spec.max_input_tokens = LEXICAL_MAX_INPUT_TOKENS;
+    spec.computes = PredictorGraph::Lexical;
+    let graph = spec.graph.clone();
+    manifest.write(package, &[graph.as_str()])?;
+    Ok(true)
 }

@@ -63,7 +63,7 @@ pub struct ExportArgs {
     pub domains: Vec<String>,
 }
 
-pub(crate) fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Result<()> {
+pub fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Result<()> {
     std::fs::write(path, model.encode_to_vec())
         .with_context(|| format!("writing {}", path.display()))
 }

@@ -3,7 +3,9 @@
 //! their run's checkpoints, which exist only on the machine that trained. The weights go
 //! package -> checkpoint ([`crate::checkpoint`]) -> graphs, a round trip the parity tests
 //! hold to the same weights; the manifest keeps its name, domains, evaluation, training
-//! provenance and length predictor, and gets the new graphs' checksums.
+//! provenance and length predictor, and gets the new graphs' checksums. A length predictor
+//! whose head has no `[CLS]` correction gets the lexical graph, which does not run the BERT
+//! ([`crate::length_predictor::regraph_lexical`]).
 
 use std::path::PathBuf;
 
@@ -48,5 +50,8 @@ pub fn regraph_package(args: &RegraphArgs) -> anyhow::Result<Manifest> {
             .with_context(|| format!("replacing {}", target.display()))?;
     }
     manifest.write(&args.package, &[files::ENCODER, files::DECODER])?;
+    if crate::length_predictor::regraph_lexical(&args.package)? {
+        manifest = Manifest::load(&args.package)?;
+    }
     Ok(manifest)
 }

@@ -155,7 +155,8 @@ fn tiny_bert_dir(dir: &Path, numbers: &mut Numbers) {
 
 /// A random head for the BERT in `bert_dir` and its report, as `nmt-train length-predictor`
 /// leaves them in a run directory.
-fn random_predictor_run(run: &Path, bert_dir: &Path, numbers: &mut Numbers) {
+/// Without `cls_correction` the head's output layer is zero, as `nmt-train` leaves it.
+fn random_predictor_run(run: &Path, bert_dir: &Path, numbers: &mut Numbers, cls_correction: bool) {
     let config = BertConfig::load(bert_dir).unwrap();
     let inputs = config.hidden_size + 1;
     let hidden = 16;
@@ -181,11 +182,13 @@ fn random_predictor_run(run: &Path, bert_dir: &Path, numbers: &mut Numbers) {
         t(numbers.take(hidden * inputs, 0.3), &[hidden, inputs]),
     );
     tensors.insert("fc1.bias".into(), t(numbers.take(hidden, 0.1), &[hidden]));
-    tensors.insert(
-        "fc2.weight".into(),
-        t(numbers.take(hidden, 0.3), &[1, hidden]),
-    );
-    tensors.insert("fc2.bias".into(), t(vec![0.1], &[1]));
+    let (fc2, bias) = if cls_correction {
+        (numbers.take(hidden, 0.3), 0.1)
+    } else {
+        (vec![0.0; hidden], 0.0)
+    };
+    tensors.insert("fc2.weight".into(), t(fc2, &[1, hidden]));
+    tensors.insert("fc2.bias".into(), t(vec![bias], &[1]));
     std::fs::create_dir_all(run).unwrap();
     LengthHead::from_tensors(&tensors)
         .unwrap()
@@ -204,7 +207,7 @@ fn random_predictor_run(run: &Path, bert_dir: &Path, numbers: &mut Numbers) {
             hidden,
             choice: HeadChoice {
                 loss: nmt_train::length::fit::Loss::LogLength,
-                cls_correction: true,
+                cls_correction,
             },
         },
         linear_fit: LinearFit {
@@ -458,23 +461,124 @@ fn onnx_checker(graph: &Path) {
     );
 }
 
+fn predictor_spec(package: &Path) -> model_package::LengthPredictorSpec {
+    let manifest = Manifest::load(package).unwrap();
+    manifest.length_prediction.unwrap().predictor.unwrap()
+}
+
+/// A tiny random BERT in `work/bert` and a random head for it in `work/run`.
+fn tiny_run(work: &Path, numbers: &mut Numbers, cls_correction: bool) -> (PathBuf, PathBuf) {
+    let (bert_dir, run) = (work.join("bert"), work.join("run"));
+    tiny_bert_dir(&bert_dir, numbers);
+    random_predictor_run(&run, &bert_dir, numbers, cls_correction);
+    (bert_dir, run)
+}
+
 #[test]
 fn tiny_random_bert_matches_candle() {
-    let work = tempfile::tempdir().unwrap();
-    let mut numbers = Numbers(0x9E37_79B9_7F4A_7C15);
-    let bert_dir = work.path().join("bert");
-    tiny_bert_dir(&bert_dir, &mut numbers);
-    let run = work.path().join("run");
-    random_predictor_run(&run, &bert_dir, &mut numbers);
-    // [CLS] = 2, [SEP] = 3 here; 5 tokens, none (m floored at 1), 10, and the most the
-    // position table takes.
-    let body = |n: usize, from: u32| (0..n as u32).map(move |i| 5 + (from + 7 * i) % 90);
-    let row = |n: usize, from: u32| std::iter::once(2).chain(body(n, from)).chain([3]).collect();
-    let rows: Vec<Vec<u32>> = vec![row(5, 1), row(0, 0), row(10, 9), row(38, 3)];
-    let package = check_parity(&bert_dir, &run, &rows);
+    let (work, mut numbers) = (tempfile::tempdir().unwrap(), Numbers(0x9E37_79B9_7F4A_7C15));
+    let (bert_dir, run) = tiny_run(work.path(), &mut numbers, true);
+    let package = check_parity(&bert_dir, &run, &tiny_rows());
     check_external(&package, &bert_dir);
     onnx_checker(&package.join(GRAPH));
     check_copy(&package);
+}
+
+/// Token rows of the tiny BERT's vocabulary (`[CLS]` = 2, `[SEP]` = 3): 5 tokens, none (m
+/// floored at 1), 10, and the most the position table takes.
+fn tiny_rows() -> Vec<Vec<u32>> {
+    let body = |n: usize, from: u32| (0..n as u32).map(move |i| 5 + (from + 7 * i) % 90);
+    let row = |n: usize, from: u32| std::iter::once(2).chain(body(n, from)).chain([3]).collect();
+    vec![row(5, 1), row(0, 0), row(10, 9), row(38, 3)]
+}
+
+/// A head kept without `[CLS]` correction is exported as its table alone: the same lengths
+/// as the candle BERT + head, no BERT initializer in the graph nor BERT weights among the
+/// files the package needs.
+#[test]
+fn a_head_without_cls_correction_is_exported_without_bert() {
+    let (work, mut numbers) = (tempfile::tempdir().unwrap(), Numbers(0x51_7CC1_B727_220A));
+    let (bert_dir, run) = tiny_run(work.path(), &mut numbers, false);
+    let package = check_parity(&bert_dir, &run, &tiny_rows());
+    let model =
+        model_export::proto::ModelProto::decode(&*std::fs::read(package.join(GRAPH)).unwrap())
+            .unwrap();
+    let initializers = model.graph.unwrap().initializer;
+    assert!(
+        initializers.iter().all(|t| !t.name.contains("encoder")
+            && t.data_location != model_export::proto::data_location::EXTERNAL),
+        "{:?}",
+        initializers.iter().map(|t| &t.name).collect::<Vec<_>>()
+    );
+    let spec = predictor_spec(&package);
+    let files: Vec<_> = spec
+        .external_files
+        .iter()
+        .map(|f| f.path.as_str())
+        .collect();
+    assert_eq!(files, [format!("{FILES_DIR}/{BERT_TOKENIZER}")]);
+    assert_eq!(spec.computes, model_package::PredictorGraph::Lexical);
+    assert!(spec.max_input_tokens > tiny_config().max_position_embeddings);
+    onnx_checker(&package.join(GRAPH));
+}
+
+/// A package exported before the lexical graph (the BERT graph of a head without correction)
+/// is rewritten by `regraph_lexical` to the same predictions without the BERT's weights; a
+/// head with correction is left alone.
+#[test]
+fn regraph_replaces_a_bert_graph_that_contributes_nothing() {
+    let (work, mut numbers) = (tempfile::tempdir().unwrap(), Numbers(0x1F83_D9AB_FB41_BD6B));
+    let (bert_dir, run) = tiny_run(work.path(), &mut numbers, false);
+    let package = work.path().join("package");
+    empty_package(&package);
+    export(&package, &run, &bert_dir);
+    // What the exporter wrote before: the BERT graph, its weights among the package's files.
+    let weights = format!("{FILES_DIR}/{BERT_WEIGHTS}");
+    std::fs::copy(bert_dir.join(BERT_WEIGHTS), package.join(&weights)).unwrap();
+    let head = LengthHead::load(&run.join(HEAD_WEIGHTS), &Device::Cpu).unwrap();
+    let index =
+        model_export::length_predictor::SafetensorsIndex::read(&package.join(&weights)).unwrap();
+    let config = BertConfig::load(&bert_dir).unwrap();
+    let bert_graph =
+        model_export::length_predictor::graph(&config, &index, &weights, &head).unwrap();
+    let mut manifest = Manifest::load(&package).unwrap();
+    model_export::write_onnx(&package.join(GRAPH), &bert_graph).unwrap();
+    let spec = manifest
+        .length_prediction
+        .as_mut()
+        .unwrap()
+        .predictor
+        .as_mut()
+        .unwrap();
+    spec.computes = model_package::PredictorGraph::Bert;
+    spec.max_input_tokens = config.max_position_embeddings;
+    spec.external_files.push(model_package::ExternalFile {
+        path: weights.clone(),
+        sha256: model_package::manifest::sha256_file(&package.join(&weights)).unwrap(),
+        source: "test".into(),
+    });
+    manifest.write(&package, &[GRAPH]).unwrap();
+    let before = ort_predict(&mut ort_session(&package.join(GRAPH)), &tiny_rows());
+
+    assert!(model_export::length_predictor::regraph_lexical(&package).unwrap());
+    let after = ort_predict(&mut ort_session(&package.join(GRAPH)), &tiny_rows());
+    assert!(
+        relative_gap(&after, &before) < RELATIVE_TOLERANCE,
+        "{before:?} vs {after:?}"
+    );
+    let spec = predictor_spec(&package);
+    assert!(spec.external_files.iter().all(|f| f.path != weights));
+    assert!(
+        !model_export::length_predictor::regraph_lexical(&package).unwrap(),
+        "done once"
+    );
+
+    let corrected = work.path().join("corrected");
+    random_predictor_run(&corrected, &bert_dir, &mut numbers, true);
+    let other = work.path().join("other");
+    empty_package(&other);
+    export(&other, &corrected, &bert_dir);
+    assert!(!model_export::length_predictor::regraph_lexical(&other).unwrap());
 }
 
 /// The installed all-MiniLM-L6-v2 (`NMT_MINILM_DIR`, else the PyPI package
@@ -502,7 +606,7 @@ fn real_minilm_matches_candle_when_installed() {
     };
     let work = tempfile::tempdir().unwrap();
     let run = work.path().join("run");
-    random_predictor_run(&run, &bert_dir, &mut Numbers(0x2545_F491_4F6C_DD1D));
+    random_predictor_run(&run, &bert_dir, &mut Numbers(0x2545_F491_4F6C_DD1D), true);
     let tokenizer =
         nmt_train::length::features::load_wordpiece_tokenizer(&bert_dir.join(BERT_TOKENIZER))
             .unwrap();

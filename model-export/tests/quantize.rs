@@ -421,6 +421,7 @@ fn check_package_files(float: &Path, int8: &Path, export: &model_export::ExportA
         chars_per_target_subword: Some(3.5),
         predictor: Some(model_package::LengthPredictorSpec {
             graph: "length_predictor.onnx".into(),
+            computes: model_package::PredictorGraph::Bert,
             tokenizer: "length_predictor/tokenizer.json".into(),
             max_input_tokens: 512,
             external_files: vec![

@@ -18,7 +18,7 @@ pub use config::{
 };
 pub use manifest::{
     Dim, ExternalFile, LengthPrediction, LengthPredictorSpec, Limits, LinearFit, Manifest,
-    ManifestError, Precision, StateSpec,
+    ManifestError, Precision, PredictorGraph, StateSpec,
 };
 
 /// File names inside a model package.

@@ -194,6 +194,9 @@ impl LinearFit {
 pub struct LengthPredictorSpec {
     /// Graph file name inside the package.
     pub graph: String,
+    /// What the graph computes; packages from before the field ran the BERT.
+    #[serde(default)]
+    pub computes: PredictorGraph,
     /// The predictor's tokenizer (`tokenizer.json`), relative to the package.
     pub tokenizer: String,
     /// Longest input in the predictor's own tokens (special tokens included); longer sources
@@ -206,6 +209,19 @@ pub struct LengthPredictorSpec {
     pub training: serde_json::Value,
     /// Error mean, variance and correlation on held-out data, beside the baselines (free-form).
     pub evaluation: serde_json::Value,
+}
+
+/// What a length predictor's graph runs, which sets what a prediction costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PredictorGraph {
+    /// The BERT encoder and the head: attention over the input, memory quadratic in its
+    /// length, milliseconds a text.
+    #[default]
+    Bert,
+    /// The head's target length per WordPiece, summed over the input: the prediction of a
+    /// head kept without its `[CLS]` correction, a lookup linear in the input.
+    Lexical,
 }
 
 /// A file a package reads from outside itself: where it must be, what it must hash to, and
