@@ -3,14 +3,18 @@
 # every step is skipped when already satisfied. Source scripts/env.sh afterwards.
 set -euo pipefail
 
-# prometheus: the end-to-end tests scrape the server with a real Prometheus and lint the
-# exposition with promtool. fonts-dejavu-core: the font nmt-eval draws its plots' text with.
-# chromium: the web page test loads `/` in headless Chromium. curl: the README test runs the
-# README's curl examples as written.
+# gettext: msgfmt, which compiles the .mo files the corpus tests read and checks every catalog
+# nmt-translate writes (tests/tests/translate_formats.rs). prometheus: the end-to-end tests
+# scrape the server with a real Prometheus and lint the exposition with promtool.
+# fonts-dejavu-core: the font nmt-eval draws its plots' text with. chromium: the web page test
+# loads `/` in headless Chromium. curl: the README test runs the README's curl examples as
+# written.
 APT_PACKAGES=(gettext diatheke sword-text-web sword-text-kjv sword-text-sparv prometheus fonts-dejavu-core chromium curl)
 # libretranslatepy, deep-translator, deepl: the real clients of the LibreTranslate- and
-# DeepL-compatible APIs, which tests/tests/compat_clients.rs points at the server.
-PIP_PACKAGES=(onnxruntime==1.31.1 onnx==1.23.2 sacrebleu==2.6.0 libretranslatepy==2.1.4 deep-translator==1.11.4 deepl==1.32.0)
+# DeepL-compatible APIs, which tests/tests/compat_clients.rs points at the server. srt,
+# webvtt-py: subtitle parsers no one here wrote, which tests/tests/translate_formats.rs reads
+# nmt-translate's subtitle files back with.
+PIP_PACKAGES=(onnxruntime==1.31.1 onnx==1.23.2 sacrebleu==2.6.0 libretranslatepy==2.1.4 deep-translator==1.11.4 deepl==1.32.0 srt==3.5.3 webvtt-py==0.6.0)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

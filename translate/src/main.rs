@@ -1,20 +1,30 @@
-//! `nmt-translate`: translates a text file or standard input line by line with a model
-//! package, through the engine nmt-server drives (`nmt_engine`), without a server. `nmt-translate --help` explains
-//! every flag.
+//! `nmt-translate`: translates a text file (line by line), a gettext catalog or a subtitle
+//! file with a model package, through the engine nmt-server drives (`nmt_engine`), without a
+//! server. `nmt-translate --help` explains every flag; one module per format.
+
+mod po;
+mod srt;
+mod subtitles;
+mod text;
+mod translator;
+mod vtt;
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, IsTerminal, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
-use clap::Parser;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use indicatif::ProgressBar;
+use model_package::Manifest;
 use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
 use nmt_engine::limits::DecodingArgs;
 use nmt_engine::onnx::Device;
-use nmt_engine::{Engine, EngineOptions, Outcome, Translation};
+use nmt_engine::{Engine, EngineOptions};
+
+use translator::{Totals, Translator};
 
 /// Translates a text file (or standard input) line by line with a model package, through the
 /// same tokenizer, limits, length planning, ONNX Runtime engine and greedy decode loop as
@@ -23,14 +33,24 @@ use nmt_engine::{Engine, EngineOptions, Outcome, Translation};
 /// empty), so the output aligns with the input. Lines are decoded in batches of similar
 /// length. A progress bar and the throughput go to standard error.
 ///
+/// A gettext catalog (`.po`, `.pot`) gets its untranslated entries filled and marked fuzzy;
+/// a subtitle file (`.srt`, `.vtt`) comes back with the same cues and timings, each cue in
+/// at most two lines of `--max-line-chars` (docs/translating-files.md).
+///
 /// Needs ONNX Runtime (`source scripts/env.sh` sets ORT_DYLIB_PATH). The input limit and output
 /// budget are nmt-server's, with the same flags and `NMT_*` variables.
 #[derive(Clone, Debug, Parser)]
 #[command(name = "nmt-translate", version, about, long_about)]
 struct Args {
-    /// Text to translate, one sentence (or paragraph) a line. `-` or nothing reads standard
-    /// input.
+    /// Text to translate, one sentence (or paragraph) a line, or a catalog or subtitle file
+    /// (see `--format`). `-` or nothing reads standard input.
     input: Option<PathBuf>,
+
+    /// What the input is: `text` (one text a line), `po` (a gettext catalog or template),
+    /// `srt` (SubRip) or `vtt` (WebVTT). `auto` goes by the input's extension (`.po`, `.pot`,
+    /// `.srt`, `.vtt`; anything else and standard input are text).
+    #[arg(long, value_enum, default_value_t = Format::Auto)]
+    format: Format,
 
     /// Write the translations to this file instead of standard output.
     #[arg(short, long)]
@@ -58,6 +78,17 @@ struct Args {
     /// boundary, as nmt-server does.
     #[arg(long)]
     max_chars: Option<usize>,
+
+    /// Catalogs: each translation at most this many times its msgid's characters (spaces
+    /// included; at least 10 characters), planned for and cut like `--max-chars`, e.g. 1.3
+    /// for UI strings that must fit where the English did.
+    #[arg(long, value_parser = positive_ratio)]
+    max_chars_ratio: Option<f64>,
+
+    /// Subtitles: the longest line of a cue, in characters. A cue gets at most two lines,
+    /// and the model is asked for at most two lines' worth of text a cue.
+    #[arg(long, default_value_t = 42, value_parser = clap::value_parser!(u64).range(8..=1000))]
+    max_line_chars: u64,
 
     /// Lines decoded together. They are sorted by length within a chunk of the input first,
     /// so a batch wastes little on padding.
@@ -91,19 +122,37 @@ struct Args {
     ort_dylib_path: Option<PathBuf>,
 }
 
-/// Lines read and decoded at a time: enough batches to sort by length, few enough that the
-/// output streams and memory stays flat on any input size.
-const CHUNK_BATCHES: usize = 16;
+/// What the input is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Auto,
+    Text,
+    Po,
+    Srt,
+    Vtt,
+}
 
-/// What a run did, for the summary line.
-#[derive(Default)]
-struct Totals {
-    lines: usize,
-    source_tokens: usize,
-    output_tokens: usize,
-    refused: usize,
-    budget: usize,
-    truncated: usize,
+impl Format {
+    /// `Auto` resolved by the input's extension.
+    fn of(self, input: Option<&Path>) -> Format {
+        if self != Format::Auto {
+            return self;
+        }
+        let extension = input.and_then(Path::extension).and_then(|e| e.to_str());
+        match extension.map(str::to_ascii_lowercase).as_deref() {
+            Some("po" | "pot") => Format::Po,
+            Some("srt") => Format::Srt,
+            Some("vtt") => Format::Vtt,
+            _ => Format::Text,
+        }
+    }
+}
+
+fn positive_ratio(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+        _ => Err(format!("{value} is not a ratio above 0")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -118,6 +167,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<()> {
+    let from_file = args.input.as_deref().filter(|p| *p != Path::new("-"));
+    let format = args.format.of(from_file);
+    check_flags(args, format)?;
     let request = LengthRequest {
         target: args.target_length,
         mode: args.length_mode,
@@ -131,174 +183,120 @@ fn run(args: &Args) -> Result<()> {
         limits: args.decoding.limits()?,
         placeholder_masking: !args.decoding.no_placeholder_masking,
     };
-    let mut engine = Engine::load(&args.model_dir, &options)
+    let engine = Engine::load(&args.model_dir, &options)
         .with_context(|| format!("loading {}", args.model_dir.display()))?;
     engine.check_length(&request)?;
+    let mut translator = Translator {
+        engine,
+        request,
+        batch_size: args.batch_size as usize,
+        bar: ProgressBar::hidden(),
+        totals: Totals::default(),
+        quiet: args.quiet,
+    };
+    let started = Instant::now();
+    let (what, unit) = match format {
+        Format::Text | Format::Auto => {
+            let lines = translate_text(args, from_file, &mut translator)?;
+            (format!("{lines} lines"), "lines")
+        }
+        _ => (
+            translate_document(args, format, from_file, &mut translator)?,
+            "texts",
+        ),
+    };
+    translator.bar.finish_and_clear();
+    if !args.quiet {
+        let seconds = started.elapsed().as_secs_f64();
+        eprintln!("{}", translator.summary(&what, unit, seconds));
+    }
+    Ok(())
+}
 
-    let from_file = args.input.as_deref().filter(|p| *p != Path::new("-"));
+/// Refuses flags that the input's format does not use, rather than ignoring them.
+fn check_flags(args: &Args, format: Format) -> Result<()> {
+    if args.max_chars_ratio.is_some() && format != Format::Po {
+        bail!("--max-chars-ratio applies to gettext catalogs (--format po)");
+    }
+    if args.max_chars.is_some() && matches!(format, Format::Srt | Format::Vtt) {
+        bail!("a subtitle's character budget comes from --max-line-chars, not --max-chars");
+    }
+    Ok(())
+}
+
+/// Plain text, streamed line by line.
+fn translate_text(
+    args: &Args,
+    from_file: Option<&Path>,
+    translator: &mut Translator,
+) -> Result<usize> {
     let input: Box<dyn BufRead> = match from_file {
         Some(path) => Box::new(BufReader::new(
             File::open(path).with_context(|| format!("opening {}", path.display()))?,
         )),
         None => Box::new(io::stdin().lock()),
     };
-    let mut output: Box<dyn Write> = match &args.output {
+    let mut output = open_output(args)?;
+    let total_lines = match from_file {
+        Some(path) => Some(text::count_lines(path)?),
+        None => None,
+    };
+    translator.start_progress(total_lines, "lines");
+    text::translate_stream(translator, input, &mut output)
+}
+
+/// A catalog or subtitle file, read whole (they are small), translated in batches, written
+/// whole; returns what the summary line says it did.
+fn translate_document(
+    args: &Args,
+    format: Format,
+    from_file: Option<&Path>,
+    translator: &mut Translator,
+) -> Result<String> {
+    let mut bytes = Vec::new();
+    match from_file {
+        Some(path) => File::open(path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .with_context(|| format!("reading {}", path.display()))?,
+        None => io::stdin()
+            .read_to_end(&mut bytes)
+            .context("reading the input")?,
+    };
+    let input = String::from_utf8(bytes).context("the input is not UTF-8 text")?;
+    let line_chars = args.max_line_chars as usize;
+    let (translated, what) = match format {
+        Format::Po => {
+            let options = po::PoOptions {
+                max_chars_ratio: args.max_chars_ratio,
+                target_language: Manifest::load(&args.model_dir)?.target_language,
+            };
+            let (text, report) = po::translate_catalog(&input, translator, &options)?;
+            (text, report.describe())
+        }
+        Format::Srt => {
+            let (text, report) = srt::translate_srt(&input, translator, line_chars)?;
+            (text, report.describe())
+        }
+        _ => {
+            let (text, report) = vtt::translate_vtt(&input, translator, line_chars)?;
+            (text, report.describe())
+        }
+    };
+    let mut output = open_output(args)?;
+    output
+        .write_all(translated.as_bytes())
+        .and_then(|()| output.flush())
+        .context("writing the translation")?;
+    Ok(what)
+}
+
+fn open_output(args: &Args) -> Result<Box<dyn Write>> {
+    Ok(match &args.output {
         Some(path) => Box::new(BufWriter::new(
             File::create(path).with_context(|| format!("creating {}", path.display()))?,
         )),
         None => Box::new(BufWriter::new(io::stdout().lock())),
-    };
-    let total_lines = match from_file {
-        Some(path) => Some(count_lines(path)?),
-        None => None,
-    };
-    let bar = progress_bar(total_lines, args.quiet);
-    let started = Instant::now();
-    let totals = translate_stream(
-        &mut engine,
-        input,
-        &mut output,
-        &request,
-        args.batch_size as usize,
-        &bar,
-    )?;
-    bar.finish_and_clear();
-    if !args.quiet {
-        eprintln!(
-            "{}",
-            summary(&engine, &totals, started.elapsed().as_secs_f64())
-        );
-    }
-    Ok(())
-}
-
-/// Reads, translates and writes chunk by chunk, flushing each, so output streams.
-fn translate_stream(
-    engine: &mut Engine,
-    mut input: Box<dyn BufRead>,
-    output: &mut dyn Write,
-    request: &LengthRequest,
-    batch_size: usize,
-    bar: &ProgressBar,
-) -> Result<Totals> {
-    let mut totals = Totals::default();
-    let chunk_size = batch_size * CHUNK_BATCHES;
-    loop {
-        let first_line = totals.lines + 1;
-        let chunk = read_chunk(&mut input, chunk_size, first_line)?;
-        if chunk.is_empty() {
-            return Ok(totals);
-        }
-        let lengths = vec![*request; chunk.len()];
-        let translations =
-            engine.translate(&chunk, &lengths, batch_size, &mut |n| bar.inc(n as u64))?;
-        for (i, (line, translation)) in chunk.iter().zip(&translations).enumerate() {
-            if translation.outcome == Outcome::Refused && !line.trim().is_empty() {
-                bar.suspend(|| {
-                    eprintln!(
-                        "nmt-translate: line {}: {} subwords is over the input limit of {}; \
-                         its translation is left empty (--beyond-input-limit decodes it)",
-                        first_line + i,
-                        translation.source_tokens,
-                        engine.info.input_limit
-                    )
-                });
-                totals.refused += 1;
-            }
-            // One translation a line, so the output aligns with the input.
-            let line = translation.text.replace(['\n', '\r'], " ");
-            writeln!(output, "{line}").context("writing the translations")?;
-            add(&mut totals, translation);
-        }
-        output.flush().context("writing the translations")?;
-        totals.lines += chunk.len();
-    }
-}
-
-/// Up to `n` lines without their line endings; a line that is not UTF-8 is an error that names
-/// it rather than a silently changed text.
-fn read_chunk(input: &mut dyn BufRead, n: usize, first_line: usize) -> Result<Vec<String>> {
-    let mut lines = Vec::with_capacity(n);
-    let mut buffer = Vec::new();
-    while lines.len() < n {
-        buffer.clear();
-        if input
-            .read_until(b'\n', &mut buffer)
-            .context("reading the input")?
-            == 0
-        {
-            break;
-        }
-        while matches!(buffer.last(), Some(b'\n' | b'\r')) {
-            buffer.pop();
-        }
-        let line = String::from_utf8(std::mem::take(&mut buffer))
-            .map_err(|_| anyhow::anyhow!("line {} is not UTF-8 text", first_line + lines.len()))?;
-        lines.push(line);
-    }
-    Ok(lines)
-}
-
-fn add(totals: &mut Totals, t: &Translation) {
-    totals.source_tokens += t.source_tokens;
-    totals.output_tokens += t.output_tokens;
-    totals.budget += usize::from(t.outcome == Outcome::Budget);
-    totals.truncated += usize::from(t.truncated);
-}
-
-fn count_lines(path: &Path) -> Result<usize> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut count = 0;
-    for line in BufReader::new(file).split(b'\n') {
-        line.with_context(|| format!("reading {}", path.display()))?;
-        count += 1;
-    }
-    Ok(count)
-}
-
-fn progress_bar(total: Option<usize>, quiet: bool) -> ProgressBar {
-    if quiet || !io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let (bar, template) = match total {
-        Some(n) => (
-            ProgressBar::new(n as u64),
-            "[{elapsed_precise}] {wide_bar} {pos}/{len} lines ({per_sec}, eta {eta})",
-        ),
-        None => (
-            ProgressBar::new_spinner(),
-            "{spinner} [{elapsed_precise}] {pos} lines ({per_sec})",
-        ),
-    };
-    bar.set_style(ProgressStyle::with_template(template).expect("a valid template"));
-    bar.set_draw_target(ProgressDrawTarget::stderr());
-    bar
-}
-
-fn summary(engine: &Engine, totals: &Totals, seconds: f64) -> String {
-    let seconds = seconds.max(1e-9);
-    let mut line = format!(
-        "nmt-translate: {} lines, {} -> {} subwords in {:.1} s: {:.0} target tokens/s, \
-         {:.1} lines/s ({}, {})",
-        totals.lines,
-        totals.source_tokens,
-        totals.output_tokens,
-        seconds,
-        totals.output_tokens as f64 / seconds,
-        totals.lines as f64 / seconds,
-        engine.info.name,
-        engine.info.execution_provider,
-    );
-    for (count, what) in [
-        (totals.refused, "left empty over the input limit"),
-        (totals.budget, "stopped at the length budget"),
-        (totals.truncated, "cut to --max-chars"),
-    ] {
-        if count > 0 {
-            line.push_str(&format!("; {count} {what}"));
-        }
-    }
-    line
+    })
 }
 
 #[cfg(test)]
@@ -338,15 +336,28 @@ mod tests {
     }
 
     #[test]
-    fn chunks_keep_empty_lines_and_drop_line_endings() {
-        let mut input: &[u8] = b"one\r\n\ntwo\nthree";
-        let lines = read_chunk(&mut input, 2, 1).unwrap();
-        assert_eq!(lines, ["one", ""]);
-        let rest = read_chunk(&mut input, 5, 3).unwrap();
-        assert_eq!(rest, ["two", "three"]);
-        assert!(read_chunk(&mut input, 5, 5).unwrap().is_empty());
-        let mut bad: &[u8] = b"ok\n\xff\xfe\n";
-        let err = read_chunk(&mut bad, 5, 1).unwrap_err().to_string();
-        assert!(err.contains("line 2"), "{err}");
+    fn formats_go_by_extension_unless_named() {
+        let of = |f: Format, p: &str| f.of(Some(Path::new(p)));
+        assert_eq!(of(Format::Auto, "app.po"), Format::Po);
+        assert_eq!(of(Format::Auto, "app.POT"), Format::Po);
+        assert_eq!(of(Format::Auto, "film.srt"), Format::Srt);
+        assert_eq!(of(Format::Auto, "film.vtt"), Format::Vtt);
+        assert_eq!(of(Format::Auto, "in.txt"), Format::Text);
+        assert_eq!(of(Format::Po, "in.txt"), Format::Po);
+        assert_eq!(Format::Auto.of(None), Format::Text);
+    }
+
+    #[test]
+    fn budgets_belong_to_their_formats() {
+        let parse = |a: &[&str]| Args::try_parse_from([&["nmt-translate"], a].concat()).unwrap();
+        let args = parse(&["a.txt", "--max-chars-ratio", "1.3"]);
+        assert!(check_flags(&args, Format::Text).is_err());
+        assert!(check_flags(&args, Format::Po).is_ok());
+        let args = parse(&["a.srt", "--max-chars", "40"]);
+        assert!(check_flags(&args, Format::Srt).is_err());
+        assert!(check_flags(&args, Format::Text).is_ok());
+        assert!(Args::try_parse_from(["nmt-translate", "--max-chars-ratio", "0"]).is_err());
+        assert!(Args::try_parse_from(["nmt-translate", "--max-line-chars", "4"]).is_err());
+        assert_eq!(parse(&[]).max_line_chars, 42);
     }
 }
