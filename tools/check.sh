@@ -6,7 +6,7 @@
 # the same rules here.
 set -euo pipefail
 cd "$(dirname "$0")"
-EMBEDDED=(../eval/src/sacrebleu_cli.py ../model-export/python/quantize.py)
+EMBEDDED=(../eval/src/sacrebleu_cli.py ../model-export/python/quantize.py ../model-export/python/marian_tokenizers.py)
 python3 -m ruff check . "${EMBEDDED[@]}"
 python3 -m ruff format --check . "${EMBEDDED[@]}"
 python3 -m mypy nmt_tools tests "${EMBEDDED[@]}"

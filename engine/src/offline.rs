@@ -76,7 +76,9 @@ impl Engine {
         }
         let pipeline = Pipeline {
             name: manifest.name.clone(),
-            codec: TextCodec::new(package.tokenizer).with_masking(options.placeholder_masking),
+            codec: TextCodec::new(package.tokenizer)
+                .with_target(package.target_tokenizer)
+                .with_masking(options.placeholder_masking),
             eos_id: manifest.eos_id,
             length,
             max_source_tokens,

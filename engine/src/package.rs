@@ -13,6 +13,9 @@ pub struct ModelPackage {
     pub dir: PathBuf,
     pub manifest: Manifest,
     pub tokenizer: Tokenizer,
+    /// The manifest's `target_tokenizer`, which translations are decoded with, when the
+    /// package has one (see [`TextCodec::with_target`]).
+    pub target_tokenizer: Option<Tokenizer>,
 }
 
 impl ModelPackage {
@@ -32,22 +35,34 @@ impl ModelPackage {
                 bail!("{}: missing from the model package", path.display());
             }
         }
-        let tokenizer_path = dir.join(files::TOKENIZER);
-        let tokenizer = Tokenizer::from_file(&tokenizer_path).map_err(|e| {
-            anyhow::anyhow!(
-                "{}: not a tokenizer this server can read: {e}",
-                tokenizer_path.display()
-            )
-        })?;
-        check_tokenizer(&manifest, &tokenizer).with_context(|| {
-            format!("{}: does not match the manifest", tokenizer_path.display())
-        })?;
+        let tokenizer = load_tokenizer(&manifest, &dir.join(files::TOKENIZER))?;
+        let target_tokenizer = match &manifest.target_tokenizer {
+            Some(file) => Some(load_tokenizer(&manifest, &dir.join(file))?),
+            None => None,
+        };
         Ok(ModelPackage {
             dir: dir.to_path_buf(),
             manifest,
             tokenizer,
+            target_tokenizer,
         })
     }
+}
+
+/// A tokenizer of the package, read and checked against the manifest.
+fn load_tokenizer(manifest: &Manifest, path: &Path) -> anyhow::Result<Tokenizer> {
+    if !path.is_file() {
+        bail!("{}: missing from the model package", path.display());
+    }
+    let tokenizer = Tokenizer::from_file(path).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not a tokenizer this server can read: {e}",
+            path.display()
+        )
+    })?;
+    check_tokenizer(manifest, &tokenizer)
+        .with_context(|| format!("{}: does not match the manifest", path.display()))?;
+    Ok(tokenizer)
 }
 
 /// `Manifest::load`'s error as one line that starts with the file at fault: the manifest, or
@@ -81,7 +96,8 @@ fn manifest_error(dir: &Path, error: ManifestError) -> anyhow::Error {
 }
 
 /// The special tokens must have the manifest's ids, and every tokenizer id must be a row of
-/// the model's vocabulary.
+/// the model's vocabulary. A decoder that starts from the pad token (`bos_id` = `pad_id`, as
+/// Marian's do) needs no `<s>`.
 pub fn check_tokenizer(manifest: &Manifest, tokenizer: &Tokenizer) -> anyhow::Result<()> {
     for (field, token, id) in [
         ("pad_id", special::PAD_TOKEN, manifest.pad_id),
@@ -89,6 +105,9 @@ pub fn check_tokenizer(manifest: &Manifest, tokenizer: &Tokenizer) -> anyhow::Re
         ("eos_id", special::EOS_TOKEN, manifest.eos_id),
         ("unk_id", special::UNK_TOKEN, manifest.unk_id),
     ] {
+        if field == "bos_id" && manifest.bos_id == manifest.pad_id {
+            continue;
+        }
         match tokenizer.token_to_id(token) {
             Some(found) if found == id => {}
             Some(found) => {
@@ -125,6 +144,8 @@ const BYTE_PIECE_PREFIX: &str = "<0x";
 #[derive(Clone)]
 pub struct TextCodec {
     tokenizer: std::sync::Arc<Tokenizer>,
+    /// What translations are decoded with when the target side has its own tokenizer.
+    target: Option<std::sync::Arc<Tokenizer>>,
     /// Ids of the special tokens that only the server may put in a sequence (all but
     /// `<unk>`, which stands for text the vocabulary lacks).
     control: std::sync::Arc<[u32]>,
@@ -166,9 +187,19 @@ impl TextCodec {
         TextCodec {
             unk,
             tokenizer: std::sync::Arc::new(tokenizer),
+            target: None,
             control,
             masks,
         }
+    }
+
+    /// Decodes translations with `target` (a package's `target_tokenizer`) rather than the
+    /// source tokenizer; `None` changes nothing.
+    pub fn with_target(mut self, target: Option<Tokenizer>) -> Self {
+        if let Some(target) = target {
+            self.target = Some(std::sync::Arc::new(target));
+        }
+        self
     }
 
     /// Turns masking off (or on, where the tokenizer has the sentinels): to measure what it
@@ -284,8 +315,13 @@ impl TextCodec {
         }
     }
 
+    /// A translation's text, by the target tokenizer when there is one.
     pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
-        self.tokenizer.decode(ids, true).map_err(|e| e.to_string())
+        self.target
+            .as_ref()
+            .unwrap_or(&self.tokenizer)
+            .decode(ids, true)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -404,6 +440,35 @@ mod tests {
         assert!(!raw.masks_placeholders());
         let prepared = raw.prepare("delete ｟0｠ files").unwrap();
         assert_eq!(prepared.restore, Restore::default());
+    }
+
+    #[test]
+    fn a_decoder_that_starts_from_pad_needs_no_bos_token() {
+        let mut m = manifest();
+        m.bos_id = m.pad_id;
+        check_tokenizer(&m, &tokenizer()).unwrap();
+        m.bos_id = 5;
+        let err = check_tokenizer(&m, &tokenizer()).unwrap_err().to_string();
+        assert!(err.contains("the manifest's bos_id is 5"), "{err}");
+    }
+
+    #[test]
+    fn translations_are_decoded_with_the_target_tokenizer() {
+        let target = sentinel_tokenizer();
+        let codec = TextCodec::new(tokenizer()).with_target(Some(target.clone()));
+        let ids = [4, 5, 40];
+        assert_eq!(
+            codec.decode(&ids).unwrap(),
+            target.decode(&ids, true).unwrap()
+        );
+        assert_ne!(
+            codec.decode(&ids).unwrap(),
+            TextCodec::new(tokenizer()).decode(&ids).unwrap()
+        );
+        // Encoding stays the source tokenizer's.
+        assert_eq!(codec.encode("Hello  world").unwrap(), vec![4, 5]);
+        let same = TextCodec::new(tokenizer()).with_target(None);
+        assert_eq!(same.decode(&[4, 5]).unwrap(), "hello world");
     }
 
     #[test]

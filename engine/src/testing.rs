@@ -234,6 +234,7 @@ pub fn manifest() -> model_package::Manifest {
         evaluation: serde_json::Value::Null,
         domains: Vec::new(),
         length_prediction: None,
+        target_tokenizer: None,
     }
 }
 

@@ -3,11 +3,13 @@
 //! into a written package, the length predictor ([`length_predictor`]); and from a package,
 //! its int8 copy, by ONNX Runtime's Python quantizer ([`quantize`]); and back, from a
 //! package to a checkpoint that training can start from ([`checkpoint`]), or to its graphs
-//! written again by the current exporter ([`regraph`]).
+//! written again by the current exporter ([`regraph`]); and a Hugging Face Marian (OPUS-MT)
+//! directory imported as a package ([`marian`]).
 
 pub mod checkpoint;
 pub mod graph;
 pub mod length_predictor;
+pub mod marian;
 pub mod proto;
 pub mod quantize;
 pub mod recurrent;
@@ -148,6 +150,7 @@ pub fn export_package(args: &ExportArgs) -> anyhow::Result<Manifest> {
         evaluation,
         domains: args.domains.clone(),
         length_prediction: None,
+        target_tokenizer: None,
     };
     manifest.write(
         &args.out,

@@ -1,7 +1,8 @@
 //! `nmt-export`: checkpoint -> model package; `nmt-export length-predictor`: a trained
 //! length predictor -> an existing package; `nmt-export quantize`: a package -> its int8
 //! copy; `nmt-export checkpoint`: a package -> a checkpoint to train on from;
-//! `nmt-export regraph`: a package's graphs written again, in place.
+//! `nmt-export regraph`: a package's graphs written again, in place; `nmt-export
+//! import-marian`: a Hugging Face Marian (OPUS-MT) directory -> a package.
 
 use clap::{Parser, Subcommand};
 use model_export::quantize::{Python, QuantizeTo, Quantized};
@@ -54,6 +55,13 @@ enum Command {
     /// the encoder's relative attention in O(length x clip) memory instead of a table row
     /// per (query, key) pair.
     Regraph(model_export::regraph::RegraphArgs),
+    /// Import a Hugging Face Marian (OPUS-MT) model: its weights written as this project's
+    /// encoder and decoder-step graphs (the same contract and KV-cache slots as every
+    /// package), its SentencePiece models converted to tokenizer.json (source) and
+    /// target_tokenizer.json (target) by transformers' converter. Config fields and values
+    /// it does not implement are refused, naming the field (docs/model-package.md,
+    /// "Importing a model").
+    ImportMarian(model_export::marian::ImportMarianArgs),
 }
 
 fn report_quantized(quantized: &Quantized, out: &std::path::Path) {
@@ -103,6 +111,18 @@ fn main() -> anyhow::Result<()> {
                 "rewrote the graphs of {} in {}",
                 manifest.name,
                 args.package.display()
+            );
+        }
+        (Some(Command::ImportMarian(args)), _) => {
+            let manifest = model_export::marian::import_marian(&args)?;
+            println!(
+                "wrote {} (Marian: {}+{} layers, d_model {}, vocabulary {}) to {}",
+                manifest.name,
+                manifest.config.encoder_layers,
+                manifest.config.decoder_layers,
+                manifest.config.d_model,
+                manifest.config.vocab_size,
+                args.out.display()
             );
         }
         (Some(Command::Quantize(args)), _) => {

@@ -250,6 +250,7 @@ fn empty_package(dir: &Path) {
         evaluation: serde_json::Value::Null,
         domains: Vec::new(),
         length_prediction: None,
+        target_tokenizer: None,
     };
     // Only its hash matters here: a copied predictor must come from the same tokenizer.
     std::fs::write(dir.join(model_package::files::TOKENIZER), "{}").unwrap();

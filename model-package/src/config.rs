@@ -84,6 +84,10 @@ pub enum Architecture {
     Transformer,
     /// Luong et al.: bi-LSTM encoder, LSTM decoder, dot attention, input feeding.
     RnnNmt,
+    /// A Hugging Face Marian (OPUS-MT) model imported by `nmt-export import-marian`:
+    /// post-norm, sinusoids `[sin | cos]` from a table of `max_positions` rows, its own
+    /// activation and output bias (in the graphs). Served, never trained or read back here.
+    Marian,
 }
 
 fn default_relative_clip() -> usize {
@@ -321,7 +325,9 @@ impl ModelConfig {
     /// The positions a learned table holds, when the model has one: no sequence on either
     /// side may be longer (the graph's lookup would fail mid-decoding).
     pub fn position_table(&self) -> Option<usize> {
-        (self.absolute_position == AbsolutePosition::Learned).then_some(self.max_positions)
+        (self.absolute_position == AbsolutePosition::Learned
+            || self.architecture == Architecture::Marian)
+            .then_some(self.max_positions)
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -406,6 +412,24 @@ impl ModelConfig {
                 "architecture rnn_nmt is recurrent by construction: absolute_position, \
                  relative_attention, recurrent_position and length_encoding must all be none",
             );
+        }
+        if self.architecture == Architecture::Marian
+            && (self.absolute_position != AbsolutePosition::Sinusoidal
+                || self.norm != NormPlacement::Post
+                || self.relative_attention != RelativeAttention::None
+                || self.recurrent_position != RecurrentPosition::None
+                || self.length_encoding != LengthEncoding::None)
+        {
+            return combination(
+                "architecture marian is a post-norm Transformer with sinusoidal positions: \
+                 norm must be post, absolute_position sinusoidal, and relative_attention, \
+                 recurrent_position and length_encoding none",
+            );
+        }
+        if self.architecture == Architecture::Marian && self.max_positions == 0 {
+            return Err(ConfigError::Zero {
+                field: "max_positions",
+            });
         }
         Ok(())
     }
@@ -497,6 +521,22 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_imported_marian_model_is_post_norm_sinusoidal_with_a_table() {
+        let mut config = ModelConfig::preset("transformer-tiny", 50).unwrap();
+        config.preset = "marian".into();
+        config.architecture = Architecture::Marian;
+        config.max_positions = 64;
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("architecture marian"), "{err}");
+        config.norm = NormPlacement::Post;
+        config.validate().unwrap();
+        // Its sinusoids are a table the graphs gather from: limits must fit it.
+        assert_eq!(config.position_table(), Some(64));
+        config.relative_attention = RelativeAttention::Keys;
+        assert!(config.validate().is_err());
+    }
 
     #[test]
     fn presets_are_valid_and_unknown_names_are_listed() {

@@ -146,6 +146,11 @@ pub struct Manifest {
     /// How to guess a translation's length before decoding it (what `"auto"` asks for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length_prediction: Option<LengthPrediction>,
+    /// The tokenizer translations are decoded with, a file in the package, when the target
+    /// side has its own (an imported Marian model: one SentencePiece model per side over a
+    /// shared vocabulary); absent, `tokenizer.json` serves both sides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_tokenizer: Option<String>,
 }
 
 /// Number format of a package's encoder and decoder weights. The inputs, outputs and state
@@ -326,6 +331,7 @@ mod tests {
             evaluation: serde_json::Value::Null,
             domains: Vec::new(),
             length_prediction: None,
+            target_tokenizer: None,
         }
     }
 

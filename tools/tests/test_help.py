@@ -10,7 +10,19 @@ import pytest
 from conftest import PACKAGE
 
 # Imported by the tools only when they run; --help must not need any of them.
-HEAVY = ["ctranslate2", "torch", "onnxruntime", "onnx", "numpy", "tokenizers", "polib", "matplotlib", "sacrebleu"]
+HEAVY = [
+    "ctranslate2",
+    "torch",
+    "onnxruntime",
+    "onnx",
+    "numpy",
+    "tokenizers",
+    "polib",
+    "matplotlib",
+    "sacrebleu",
+    "transformers",
+    "sentencepiece",
+]
 
 # Runs a module as `python3 -m` does, with the heavy packages made unimportable.
 RUN_WITHOUT_HEAVY = """
@@ -48,6 +60,7 @@ def test_every_tool_is_found() -> None:
         "nmt_tools.eval.evaluate",
         "nmt_tools.eval.probes",
         "nmt_tools.int8.presets",
+        "nmt_tools.marian.fixture",
         "nmt_tools.studies.length_generalization",
         "nmt_tools.studies.length_study",
         "nmt_tools.studies.position_study",

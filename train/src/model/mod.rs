@@ -41,6 +41,10 @@ impl Model {
         Ok(match config.architecture {
             Architecture::Transformer => Self::Transformer(Transformer::new(config, vb)?),
             Architecture::RnnNmt => Self::RnnNmt(RnnNmt::new(config, vb)?),
+            Architecture::Marian => candle_core::bail!(
+                "architecture marian: an imported Hugging Face model, served from its graphs, \
+                 not built or trained here"
+            ),
         })
     }
 
