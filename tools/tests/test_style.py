@@ -9,7 +9,11 @@ from pathlib import Path
 from conftest import PACKAGE, REPO
 
 # The scripts the Rust binaries carry (include_str!) and run with `python3 -c`.
-EMBEDDED = [REPO / "eval" / "src" / "sacrebleu_cli.py", REPO / "model-export" / "python" / "quantize.py"]
+EMBEDDED = [
+    REPO / "eval" / "src" / "sacrebleu_cli.py",
+    REPO / "model-export" / "python" / "quantize.py",
+    REPO / "model-export" / "python" / "marian_tokenizers.py",
+]
 MAX_FUNCTION_LINES = 80
 
 

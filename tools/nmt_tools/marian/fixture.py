@@ -39,9 +39,12 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nmt_tools.paths import repo_root, shown
+
+if TYPE_CHECKING:
+    from transformers import MarianMTModel, MarianTokenizer
 
 MODULE = "nmt_tools.marian.fixture"
 # A transformers MarianMTModel (torch is read as Any by the checks).
@@ -180,10 +183,11 @@ def budget(source_subwords: int, max_positions: int) -> int:
     return max(1, min(bound, max_positions - 1))
 
 
-def build(variant: Variant, english: list[str], spanish: list[str], out: Path, inputs: list[str]) -> dict[str, Any]:
-    import torch
-    import transformers
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+def write_tokenizer(
+    variant: Variant, english: list[str], spanish: list[str], out: Path
+) -> tuple[MarianTokenizer, dict[str, int]]:
+    """SentencePiece models trained on the fly, the shared vocabulary, saved as Marian's files."""
+    from transformers import MarianTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch_name:
@@ -202,10 +206,17 @@ def build(variant: Variant, english: list[str], spanish: list[str], out: Path, i
             target_lang="es",
         )
         tokenizer.save_pretrained(str(out))
-    pad = vocab["<pad>"]
+    return tokenizer, vocab
+
+
+def random_model(variant: Variant, vocab_size: int, pad: int, out: Path) -> MarianMTModel:
+    """A random MarianMTModel of the variant's shape, saved as safetensors, pad banned."""
+    import torch
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel
+
     config = MarianConfig(
-        vocab_size=len(vocab),
-        decoder_vocab_size=len(vocab),
+        vocab_size=vocab_size,
+        decoder_vocab_size=vocab_size,
         d_model=variant.d_model,
         encoder_layers=variant.layers,
         decoder_layers=variant.layers,
@@ -236,46 +247,63 @@ def build(variant: Variant, english: list[str], spanish: list[str], out: Path, i
     )
     model.eval()
     model.save_pretrained(str(out), safe_serialization=True)
+    return model
 
+
+def greedy_cases(
+    model: MarianMTModel, tokenizer: MarianTokenizer, variant: Variant, pad: int, inputs: list[str]
+) -> list[dict[str, Any]]:
+    """`generate`'s greedy token ids for each input, under the server's output budget."""
     cases: list[dict[str, Any]] = []
-    with torch.no_grad():
-        for text in inputs:
-            ids = tokenizer(text, return_tensors="pt").input_ids
-            limit = budget(ids.shape[1] - 1, variant.max_positions)
-            generated = model.generate(ids, num_beams=1, do_sample=False, max_new_tokens=limit + 1)[0].tolist()
-            assert generated[0] == pad, generated
-            output = generated[1:]
-            ended = bool(output) and output[-1] == 0
-            if ended:
-                output = output[:-1]
-            cases.append(
-                {
-                    "text": text,
-                    "source_ids": ids[0].tolist(),
-                    "budget": limit,
-                    "output_ids": output,
-                    "ended_with_eos": ended and len(output) < limit,
-                    "translation": tokenizer.decode(output, skip_special_tokens=True),
-                }
-            )
-        # Along random target tokens, not only greedy ones: every row of the projection is met.
-        forced: list[dict[str, Any]] = []
-        generator = torch.Generator().manual_seed(variant.seed)
-        for case in cases[:3]:
-            drawn = torch.randint(0, pad, (9,), generator=generator).tolist()
-            decoder_ids = [pad, *drawn]
-            logits = model(
-                input_ids=torch.tensor([case["source_ids"]]),
-                decoder_input_ids=torch.tensor([decoder_ids]),
-            ).logits[0]
-            forced.append(
-                {
-                    "source_ids": case["source_ids"],
-                    "decoder_ids": decoder_ids,
-                    "logits": [[float(f"{v:.7g}") for v in row] for row in logits.tolist()],
-                }
-            )
+    for text in inputs:
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        limit = budget(ids.shape[1] - 1, variant.max_positions)
+        generated = model.generate(ids, num_beams=1, do_sample=False, max_new_tokens=limit + 1)[0].tolist()
+        assert generated[0] == pad, generated
+        output = generated[1:]
+        ended = bool(output) and output[-1] == 0
+        if ended:
+            output = output[:-1]
+        cases.append(
+            {
+                "text": text,
+                "source_ids": ids[0].tolist(),
+                "budget": limit,
+                "output_ids": output,
+                "ended_with_eos": ended and len(output) < limit,
+                "translation": tokenizer.decode(output, skip_special_tokens=True),
+            }
+        )
+    return cases
 
+
+def teacher_forced(
+    model: MarianMTModel, cases: list[dict[str, Any]], variant: Variant, pad: int
+) -> list[dict[str, Any]]:
+    """Logits along random target tokens, not only greedy ones: every row of the projection is met."""
+    import torch
+
+    forced: list[dict[str, Any]] = []
+    generator = torch.Generator().manual_seed(variant.seed)
+    for case in cases[:3]:
+        drawn = torch.randint(0, pad, (9,), generator=generator).tolist()
+        decoder_ids = [pad, *drawn]
+        logits = model(
+            input_ids=torch.tensor([case["source_ids"]]),
+            decoder_input_ids=torch.tensor([decoder_ids]),
+        ).logits[0]
+        forced.append(
+            {
+                "source_ids": case["source_ids"],
+                "decoder_ids": decoder_ids,
+                "logits": [[float(f"{v:.7g}") for v in row] for row in logits.tolist()],
+            }
+        )
+    return forced
+
+
+def convert_tokenizers(out: Path, inputs: list[str]) -> dict[str, Any]:
+    """The embedded converter's tokenizer.json files, checked both ways on the inputs."""
     check = out / "check.txt"
     check.write_text("\n".join(inputs) + "\n", encoding="utf-8")
     converter = subprocess.run(
@@ -285,7 +313,21 @@ def build(variant: Variant, english: list[str], spanish: list[str], out: Path, i
         text=True,
     )
     check.unlink()
-    tokenizers_report = json.loads(converter.stdout)
+    report: dict[str, Any] = json.loads(converter.stdout)
+    return report
+
+
+def build(variant: Variant, english: list[str], spanish: list[str], out: Path, inputs: list[str]) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    tokenizer, vocab = write_tokenizer(variant, english, spanish, out)
+    pad = vocab["<pad>"]
+    model = random_model(variant, len(vocab), pad, out)
+    with torch.no_grad():
+        cases = greedy_cases(model, tokenizer, variant, pad, inputs)
+        forced = teacher_forced(model, cases, variant, pad)
+    tokenizers_report = convert_tokenizers(out, inputs)
     ended = sum(case["ended_with_eos"] for case in cases)
     reference = {
         "generator": f"python3 -m {MODULE}",
