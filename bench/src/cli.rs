@@ -11,6 +11,7 @@ use nmt_testkit::release_binary;
 use crate::batching::BatchingArgs;
 use crate::beside_large::BesideLargeArgs;
 use crate::memory::MemoryArgs;
+use crate::overload::storm::StormArgs;
 use crate::overload::OverloadArgs;
 
 /// Concurrency benchmark of nmt-server: starts one server per batching mode, all side by side,
@@ -45,6 +46,7 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     Overload(OverloadArgs),
+    Storm(StormArgs),
     BesideLarge(BesideLargeArgs),
     Memory(MemoryArgs),
 }

@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let mut args = Args::parse();
     let outcome = match args.command.take() {
         Some(Command::Overload(o)) => overload::run(o),
+        Some(Command::Storm(s)) => overload::storm::run(s),
         Some(Command::BesideLarge(b)) => beside_large::run(b),
         Some(Command::Memory(m)) => memory::run(m),
         None => batching::run(args.batching),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use nmt_testkit::{ApiClient, ServerProcess};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cli::{interrupted, CommonArgs, Durations};
 use crate::overload::report::cpu_model;
@@ -206,7 +206,7 @@ impl ServerSource {
 }
 
 /// The server under test, as a report describes it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerUnderTest {
     /// Set when the bench started the server.
     pub bin: Option<String>,
@@ -236,7 +236,7 @@ impl ServerUnderTest {
 
 /// How a run against one server was made: what its report opens with. The reports flatten
 /// it into their JSON, whose top level keeps these fields.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunHeader {
     /// UTC, `YYYY-MM-DD HH:MM:SS UTC`.
     pub date: String,

@@ -17,8 +17,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::memory;
 use crate::onnx::{session_builder, CpuMemory, SessionOptions};
 
-/// Most requests waiting for the predictor before more are given the linear fit: about a
-/// quarter of a second of predictions on one core, little next to a request's decoding.
+/// Most requests waiting for the predictor before more are refused (429): little next to a
+/// request's decoding, and a lexical predictor's 32 turns take milliseconds.
 pub const PREDICTOR_QUEUE_LIMIT: usize = 32;
 
 pub struct LengthPredictor {
@@ -115,7 +115,8 @@ impl LengthPredictor {
 
     /// Waits, without holding a thread, until the session is free for the caller, who holds
     /// it until the permit drops; `None` at once when [`PREDICTOR_QUEUE_LIMIT`] callers are
-    /// already waiting, and the caller should use the linear fit instead.
+    /// already waiting, and the caller should refuse (planning with the linear fit instead would
+    /// make a text's translation depend on the load).
     ///
     /// A blocking thread that waited on the session's lock instead could not be taken back: a
     /// flood of requests whose clients then left kept up to the runtime's 512 blocking threads

@@ -97,18 +97,21 @@ pub struct Args {
     #[arg(long, env = "NMT_MAX_QUEUED_REQUESTS", default_value_t = 256)]
     pub max_queued_requests: usize,
 
-    /// Seconds a request may expect to take: when its model, sharing rows fairly among the
-    /// requests it has accepted, is expected to finish it later than this at the model's
-    /// measured tokens per second (a text costs its source plus its expected output), it gets
-    /// 429 at once, with a Retry-After of when the accepted work should be done, instead of
-    /// being accepted to time out. A request that can join the running batch at once, or
-    /// finds the model idle, is always taken. Default: half of `--request-timeout`, leaving
-    /// room for the estimate's error and for requests accepted later, which share the batch.
+    /// Seconds a request may expect to take, and what every accepted request is promised:
+    /// when its model, sharing rows fairly among the requests it has accepted, is expected to
+    /// finish it later than this at its measured speed (work counted in cost units: a step
+    /// costs more with its rows and the longest source and output they attend to), or taking
+    /// it would make an accepted request finish later than promised, it gets 429 at once, with
+    /// a Retry-After of when the accepted work should be done, instead of being accepted to
+    /// time out. A request that finds the model idle is taken even when it needs longer, unless
+    /// it needs longer than the request timeout allows (413). Default: half of
+    /// `--request-timeout`, leaving room for the estimate's error.
     #[arg(long, env = "NMT_MAX_QUEUE_WAIT")]
     pub max_queue_wait: Option<f64>,
 
     /// Seconds from a request's arrival to its answer; later gives 504 and the request's
-    /// texts leave the batch.
+    /// texts leave the batch. A request whose own work is expected to take more than 90% of
+    /// it even on an idle model is refused at once (413 `request_too_costly`).
     #[arg(long, env = "NMT_REQUEST_TIMEOUT", default_value_t = limits::DEFAULT_REQUEST_TIMEOUT_SECONDS)]
     pub request_timeout: f64,
 

@@ -38,7 +38,10 @@ pub struct Metrics {
     pub queue_depth: IntGaugeVec,
     pub sequences_in_flight: IntGaugeVec,
     pub expected_queue_wait: GaugeVec,
+    /// Cost units per busy second: the speed admission assumes.
     pub throughput: GaugeVec,
+    /// Tokens per busy second.
+    pub token_throughput: GaugeVec,
     pub admission_lateness: GaugeVec,
     pub length_deviation: HistogramVec,
     pub errors: IntCounterVec,
@@ -61,6 +64,7 @@ pub struct WorkerMetrics {
     pub sequences_in_flight: IntGauge,
     pub expected_queue_wait: Gauge,
     pub throughput: Gauge,
+    pub token_throughput: Gauge,
     pub admission_lateness: Gauge,
 }
 
@@ -183,10 +187,22 @@ impl Metrics {
             ),
             throughput: float_gauge(
                 &r,
-                "nmt_throughput_tokens_per_second",
-                "Tokens (sources encoded and tokens decoded) per second of the model worker's \
+                "nmt_throughput_cost_units_per_second",
+                "Cost units (one unit: one row of a decoder step with nothing to attend to; \
+                 a step's rows cost more with the longest source and output they attend to, \
+                 an encoding with its tokens and their pairs) per second of the model worker's \
                  busy time, a moving average: the speed admission assumes. With several model \
                  workers, summed over those that have run.",
+                &["model"],
+            ),
+            token_throughput: float_gauge(
+                &r,
+                "nmt_throughput_tokens_per_second",
+                "Tokens (sources encoded and tokens decoded) per second of the model worker's \
+                 busy time, a moving average. Admission assumes the cost units' speed \
+                 (nmt_throughput_cost_units_per_second) instead: a long text's tokens take \
+                 longer than a short one's. With several model workers, summed over those that \
+                 have run.",
                 &["model"],
             ),
             admission_lateness: float_gauge(
@@ -247,6 +263,7 @@ impl Metrics {
             sequences_in_flight: self.sequences_in_flight.with_label_values(&[model]),
             expected_queue_wait: self.expected_queue_wait.with_label_values(&[model]),
             throughput: self.throughput.with_label_values(&[model]),
+            token_throughput: self.token_throughput.with_label_values(&[model]),
             admission_lateness: self.admission_lateness.with_label_values(&[model]),
         }
     }

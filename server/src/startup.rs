@@ -55,15 +55,16 @@ pub fn init_tracing(format: LogFormat) {
 pub fn load(args: &Args) -> anyhow::Result<Infer> {
     let env = onnx::environment(args.ort_dylib_path.as_deref())?;
     let metrics = Arc::new(Metrics::new());
+    let limits = args.request_limits()?;
+    let request_timeout = limits.request_timeout;
     let scheduler = SchedulerConfig {
         batching: args.batching,
         max_batch_size: args.max_batch_size.max(1),
         max_batch_tokens: args.max_batch_tokens.max(1),
         max_queued_requests: args.max_queued_requests.max(1),
         max_queue_wait: args.max_queue_wait()?,
+        request_timeout,
     };
-    let limits = args.request_limits()?;
-    let request_timeout = limits.request_timeout;
     if scheduler.max_queue_wait >= request_timeout {
         tracing::warn!(
             max_queue_wait = scheduler.max_queue_wait.as_secs_f64(),
@@ -162,6 +163,7 @@ fn load_model(
         pipeline: Pipeline {
             name: manifest.name.clone(),
             codec: TextCodec::new(package.tokenizer)
+                .with_target(package.target_tokenizer)
                 .with_masking(!args.decoding.no_placeholder_masking),
             eos_id: manifest.eos_id,
             length,

@@ -32,6 +32,7 @@ fn service(backend: CopyBackend, max_queued_requests: usize) -> Infer {
         max_batch_tokens: 4096,
         max_queued_requests,
         max_queue_wait: Duration::from_secs(60),
+        request_timeout: Duration::from_secs(60),
     };
     testing::infer(backend, limits, scheduler)
 }

@@ -635,6 +635,7 @@ fn harness() -> &'static Harness {
             max_batch_tokens: 16384,
             max_queued_requests: 4096,
             max_queue_wait: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(60),
         };
         let service = runtime
             .block_on(async { testing::service(vec![shipped, dev], "shipped", limits, scheduler) });

@@ -40,6 +40,7 @@ fn scheduler() -> SchedulerConfig {
         max_batch_tokens: 4096,
         max_queued_requests: 16,
         max_queue_wait: Duration::from_secs(60),
+        request_timeout: Duration::from_secs(60),
     }
 }
 

@@ -22,4 +22,4 @@ mod texts;
 pub use binaries::{release_binary, shipped_package, workspace_binary, workspace_root};
 pub use client::{ApiClient, TranslateReply};
 pub use process::{ServerProcess, StartOptions, Stderr};
-pub use texts::text_of_subwords;
+pub use texts::{distinct_texts_of_subwords, text_of_subwords};

@@ -22,6 +22,28 @@ pub fn text_of_subwords<E>(
     Ok((all[..lo].join(" "), count(lo)?))
 }
 
+/// `count` texts of at most `length` subwords each (by `subwords`, as in [`text_of_subwords`]),
+/// with their counts: runs of `words`, each starting 7 words further in, so that no two are
+/// alike (a cache or a batch cannot share them).
+pub fn distinct_texts_of_subwords<E>(
+    words: &[&str],
+    count: usize,
+    length: usize,
+    subwords: impl Fn(&str) -> Result<usize, E>,
+) -> Result<Vec<(String, usize)>, E> {
+    (0..count)
+        .map(|k| {
+            let start = (k * 7) % words.len().max(1);
+            let rotated: Vec<&str> = words[start..]
+                .iter()
+                .chain(&words[..start])
+                .copied()
+                .collect();
+            text_of_subwords(&rotated, length, &subwords)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

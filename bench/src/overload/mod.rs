@@ -13,6 +13,7 @@
 pub mod driver;
 pub mod report;
 pub mod schedule;
+pub mod storm;
 pub mod summary;
 
 use std::path::PathBuf;

@@ -271,6 +271,49 @@ pub fn cpu_model() -> Option<String> {
     })
 }
 
+/// The instruction sets that decide which kernels ONNX Runtime picks, as
+/// `tools/nmt_tools/machine.py` lists them: those this CPU has (/proc/cpuinfo's `flags`, or
+/// `Features` on Arm), in that order.
+pub fn isa_flags() -> Vec<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    isa_flags_of(&cpuinfo)
+}
+
+/// The flags of [`ISA_FLAGS`] in `cpuinfo`.
+fn isa_flags_of(cpuinfo: &str) -> Vec<String> {
+    let present = field(cpuinfo, "flags")
+        .or_else(|| field(cpuinfo, "Features"))
+        .unwrap_or_default();
+    let present: Vec<&str> = present.split_whitespace().collect();
+    ISA_FLAGS
+        .iter()
+        .filter(|flag| present.contains(flag))
+        .map(|flag| flag.to_string())
+        .collect()
+}
+
+/// The instruction sets a report names (x86 `flags`, Arm `Features`): float32 speed turns on
+/// AVX-512, int8 on VNNI.
+const ISA_FLAGS: &[&str] = &[
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "sve",
+    "sve2",
+    "i8mm",
+    "bf16",
+];
+
 /// The value of the first `key: value` line (key compared trimmed).
 fn field(text: &str, key: &str) -> Option<String> {
     text.lines().find_map(|l| {
@@ -284,6 +327,17 @@ mod tests {
     use super::*;
     use crate::overload::summary::{goal_checks, summarize, RateRun};
     use std::time::Duration;
+
+    #[test]
+    fn isa_flags_in_the_order_of_the_list() {
+        let cpuinfo = "model name\t: X\nflags\t\t: fpu avx2 sse avx avx512_vnni fma\n";
+        assert_eq!(isa_flags_of(cpuinfo), ["avx", "avx2", "fma", "avx512_vnni"]);
+        assert_eq!(
+            isa_flags_of("Features\t: fp asimd asimddp\n"),
+            ["asimd", "asimddp"]
+        );
+        assert!(isa_flags_of("").is_empty());
+    }
 
     #[test]
     fn cpu_model_fields() {

@@ -12,15 +12,19 @@
 //! each free row going to the waiting job that holds the fewest rows.
 //!
 //! At the door, [`admission`] refuses requests whose expected finish is past
-//! `--max-queue-wait`, by replaying that rule forward; the worker keeps the numbers it decides
-//! on (work left, speed) current.
+//! `--max-queue-wait`, or that would make an accepted request miss its promise, by replaying
+//! that rule forward with what each step costs ([`cost`]); the worker keeps the numbers it
+//! decides on (work left, speed) current. A request too costly to finish within the request
+//! timeout even alone is refused outright.
 //!
 //! A job whose client went away (timeout, disconnect) leaves the queue and the batch at the
 //! next step, waiting texts and running rows alike; nobody else's rows are touched.
 
 pub mod admission;
+pub mod cost;
 pub mod job;
 pub mod policy;
+mod replay;
 pub mod worker;
 
 use std::sync::Arc;
@@ -31,7 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
 
 use crate::metrics::WorkerMetrics;
-use admission::{least_loaded, AdmissionPolicy, Door, Refusal};
+use admission::{least_loaded, AdmissionPolicy, Door, Refusal, MAX_REQUEST_COST_SHARE};
 use job::Job;
 use nmt_engine::backend::{Backend, BackendError};
 use nmt_engine::decode::{DecodeInput, SpecialIds};
@@ -52,6 +56,9 @@ pub struct SchedulerConfig {
     pub max_queued_requests: usize,
     /// Requests expected to finish later than this are refused (429); see [`admission`].
     pub max_queue_wait: Duration,
+    /// The request timeout: a request whose own work is expected to take longer than
+    /// [`MAX_REQUEST_COST_SHARE`] of it, even on an idle model, is refused (413).
+    pub request_timeout: Duration,
 }
 
 impl SchedulerConfig {
@@ -64,12 +71,23 @@ impl SchedulerConfig {
             },
             max_queued_requests: self.max_queued_requests.max(1),
             max_queue_wait: self.max_queue_wait,
+            max_request_cost: self.request_timeout.mul_f64(MAX_REQUEST_COST_SHARE),
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum TranslateError {
+    #[error(
+        "this request would take the model about {:.1} s even with nothing else to do, more \
+         than the {:.1} s a request may take ({}% of --request-timeout, the rest left for \
+         tokenizing, length prediction and the answer); send fewer texts per request, or \
+         split long texts into shorter ones",
+        expected.as_secs_f64(),
+        limit.as_secs_f64(),
+        (MAX_REQUEST_COST_SHARE * 100.0).round()
+    )]
+    TooCostly { expected: Duration, limit: Duration },
     #[error(
         "the model queue is full ({queued} requests waiting); retry in {} s",
         retry_after.as_secs()
@@ -91,6 +109,27 @@ pub enum TranslateError {
         limit: Duration,
         retry_after: Duration,
     },
+    #[error(
+        "taking this request would make requests the model has already accepted finish later \
+         than it expected them to (--max-queue-wait); retry in {} s, when the work it has now \
+         should be done",
+        retry_after.as_secs()
+    )]
+    Crowded { retry_after: Duration },
+    #[error(
+        "at the speed the model was measured at under the load it just had, this request \
+         alone would take about {:.1} s, more than the {:.1} s a request may take ({}% of \
+         --request-timeout); retry in {} s",
+        expected.as_secs_f64(),
+        limit.as_secs_f64(),
+        (MAX_REQUEST_COST_SHARE * 100.0).round(),
+        retry_after.as_secs()
+    )]
+    SlowNow {
+        expected: Duration,
+        limit: Duration,
+        retry_after: Duration,
+    },
     #[error("the model worker is not running")]
     Stopped,
     #[error("translation failed: {0}")]
@@ -102,8 +141,12 @@ impl TranslateError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             TranslateError::QueueFull { retry_after, .. }
-            | TranslateError::Busy { retry_after, .. } => Some(*retry_after),
-            TranslateError::Stopped | TranslateError::Backend(_) => None,
+            | TranslateError::Busy { retry_after, .. }
+            | TranslateError::Crowded { retry_after }
+            | TranslateError::SlowNow { retry_after, .. } => Some(*retry_after),
+            TranslateError::TooCostly { .. }
+            | TranslateError::Stopped
+            | TranslateError::Backend(_) => None,
         }
     }
 }
@@ -111,6 +154,17 @@ impl TranslateError {
 impl From<Refusal> for TranslateError {
     fn from(refusal: Refusal) -> Self {
         match refusal {
+            Refusal::TooCostly { expected, limit } => TranslateError::TooCostly { expected, limit },
+            Refusal::Crowded { retry_after } => TranslateError::Crowded { retry_after },
+            Refusal::SlowNow {
+                expected,
+                limit,
+                retry_after,
+            } => TranslateError::SlowNow {
+                expected,
+                limit,
+                retry_after,
+            },
             Refusal::QueueFull {
                 queued,
                 retry_after,
@@ -206,43 +260,80 @@ impl Translator {
         ))
     }
 
-    /// Whether the door would take `inputs` now (see [`admission::Load::check`]).
-    pub fn check(&self, inputs: &[DecodeInput]) -> Result<(), TranslateError> {
-        let door = &self.doors[least_loaded(&self.doors).0];
-        Ok(door.load().check(&door.policy, inputs)?)
+    /// Counts `inputs` in at the door of the worker expected to finish its work first, or
+    /// says why the door refuses them (see [`admission`]). The request keeps its place in line
+    /// while its lengths are predicted; [`Translator::decode`] then sends it, with its real
+    /// figures. Dropping the reservation takes it back.
+    pub fn reserve(&self, inputs: &[DecodeInput]) -> Result<Reservation, TranslateError> {
+        let (worker, _) = least_loaded(&self.doors);
+        let door = &self.doors[worker];
+        let admitted = door.load().admit(&door.policy, inputs);
+        self.metrics
+            .expected_queue_wait
+            .set(least_loaded(&self.doors).1.as_secs_f64());
+        Ok(Reservation {
+            door: Arc::clone(door),
+            worker,
+            id: admitted?,
+            sent: false,
+        })
     }
 
     /// Decodes `inputs` (in a running batch, with whoever else is there); results come
-    /// back in input order. Refused at once when the model would not finish it within
-    /// `--max-queue-wait`, or too many requests wait. Dropping the future withdraws the job.
+    /// back in input order. Refused at once when the door refuses them
+    /// ([`Translator::reserve`]). Dropping the future withdraws the job.
     pub async fn translate(&self, inputs: Vec<DecodeInput>) -> Result<Finished, TranslateError> {
-        let (worker, _) = least_loaded(&self.doors);
-        let door = &self.doors[worker];
-        let id = {
-            let admitted = door.load().admit(&door.policy, &inputs);
-            self.metrics
-                .expected_queue_wait
-                .set(least_loaded(&self.doors).1.as_secs_f64());
-            admitted?
-        };
+        let reservation = self.reserve(&inputs)?;
+        self.decode(reservation, inputs).await
+    }
+
+    /// Sends a reserved request to its worker with `inputs`, its texts as they are to be
+    /// decoded (the reservation may have counted other lengths), and waits for the answer.
+    /// Dropping the future withdraws the job.
+    pub async fn decode(
+        &self,
+        mut reservation: Reservation,
+        inputs: Vec<DecodeInput>,
+    ) -> Result<Finished, TranslateError> {
+        reservation.door.load().replace(reservation.id, &inputs);
         self.metrics.queue_depth.inc();
         let (reply, answer) = oneshot::channel();
         let span = Span::current();
         let job = Job {
             inputs,
-            id,
+            id: reservation.id,
             reply,
             queue_span: tracing::info_span!(parent: &span, "queue"),
             span,
             enqueued: Instant::now(),
         };
-        if let Err(mpsc::error::SendError(job)) = self.senders[worker].send(job) {
-            door.load().withdraw(job.id);
+        if self.senders[reservation.worker].send(job).is_err() {
+            // Dropping the reservation takes the job back.
             self.metrics.queue_depth.dec();
             return Err(TranslateError::Stopped);
         }
+        // The worker has it: it takes it off the door's load when it is done or abandoned.
+        reservation.sent = true;
         // A dropped reply means the worker died mid-request.
         Ok(answer.await.map_err(|_| TranslateError::Stopped)??)
+    }
+}
+
+/// A request counted in at a worker's door and not yet sent to the worker
+/// ([`Translator::reserve`]): dropped before it is sent (its client left while its lengths
+/// were predicted, or it timed out), it is taken back.
+pub struct Reservation {
+    door: Arc<Door>,
+    worker: usize,
+    id: policy::JobId,
+    sent: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.door.load().withdraw(self.id);
+        }
     }
 }
 
@@ -264,6 +355,7 @@ mod tests {
             max_batch_tokens: 1000,
             max_queued_requests: 4,
             max_queue_wait: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(60),
         }
     }
 
@@ -381,12 +473,13 @@ mod tests {
             assert!(out.sequences.iter().all(|s| s.output.ids.len() == 10));
         }
         until_drained(&translator).await;
-        let summed: f64 = translator
-            .doors
-            .iter()
-            .map(|door| door.load().throughput.tokens_per_second())
-            .sum();
-        assert!((worker_metrics.throughput.get() - summed).abs() < 1e-6);
+        let summed = |rate: fn(&admission::Load) -> f64| -> f64 {
+            translator.doors.iter().map(|door| rate(&door.load())).sum()
+        };
+        let units = summed(|load| load.throughput.per_second());
+        assert!((worker_metrics.throughput.get() - units).abs() < 1e-6);
+        let tokens = summed(|load| load.tokens.per_second());
+        assert!((worker_metrics.token_throughput.get() - tokens).abs() < 1e-6);
         assert_eq!(worker_metrics.sequences_in_flight.get(), 0);
         drop(translator);
         for handle in handles {
@@ -436,32 +529,75 @@ mod tests {
         };
         let mut cfg = config(Batching::Continuous);
         cfg.max_batch_size = 2;
-        cfg.max_queue_wait = Duration::from_millis(100);
+        cfg.max_queue_wait = Duration::from_millis(30);
         let (translator, _handle) = Translator::spawn(backend, SPECIAL, cfg, metrics()).unwrap();
         // The model is idle: taken, though it alone is expected to take longer than the limit
-        // (8 texts of 11 + 20 tokens at the prior 500 tokens/s: 0.5 s).
+        // (8 texts of 11 + 20 tokens on 2 rows, about 530 cost units at the prior 1,000 a
+        // second: 0.5 s).
         let first = {
             let translator = translator.clone();
             tokio::spawn(async move { translator.translate(vec![long_text(); 8]).await })
         };
         tokio::time::sleep(Duration::from_millis(5)).await;
-        // The same again shares the rows with it: about twice that.
+        // The same again shares the rows with it: about twice that, past the limit, and the
+        // first would then miss what it was promised.
         let err = translator
             .translate(vec![long_text(); 8])
             .await
             .unwrap_err();
-        let TranslateError::Busy {
-            expected, limit, ..
-        } = &err
-        else {
-            panic!("{err}")
-        };
-        assert_eq!(*limit, Duration::from_millis(100));
-        assert!(expected > limit, "{expected:?}");
+        assert!(
+            matches!(
+                err,
+                TranslateError::Busy { .. } | TranslateError::Crowded { .. }
+            ),
+            "{err}"
+        );
+        assert!(err.retry_after().unwrap() >= Duration::from_secs(1));
         assert!(err.to_string().contains("--max-queue-wait"), "{err}");
         assert!(first.await.unwrap().is_ok());
         until_drained(&translator).await;
         // Once the work is done, the same request is taken.
         assert!(translator.translate(vec![long_text(); 8]).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_request_too_costly_even_alone_is_refused_and_reservations_hold_a_place() {
+        let mut cfg = config(Batching::Continuous);
+        cfg.max_batch_size = 2;
+        cfg.max_batch_tokens = 10_000;
+        cfg.max_queued_requests = 100;
+        cfg.request_timeout = Duration::from_millis(200);
+        let (translator, _handle) =
+            Translator::spawn(CopyBackend::default(), SPECIAL, cfg, metrics()).unwrap();
+        // 64 texts on 2 rows: about 4,200 cost units, 0.4 s even at the speed the model was
+        // calibrated at (a cold server judges this at no less), more than 90% of the 0.2 s
+        // timeout: refused on the idle model, with why and what to do.
+        let err = translator
+            .translate(vec![long_text(); 64])
+            .await
+            .unwrap_err();
+        let TranslateError::TooCostly { expected, limit } = &err else {
+            panic!("{err}")
+        };
+        assert_eq!(*limit, Duration::from_millis(180));
+        assert!(expected > limit, "{expected:?}");
+        assert!(err.retry_after().is_none());
+        let message = err.to_string();
+        assert!(message.contains("fewer texts"), "{message}");
+        // A reservation counts the request in before it is sent: a second request is judged
+        // with it there. Dropped unsent, it is taken back.
+        let reservation = translator.reserve(&vec![long_text(); 8]).unwrap();
+        let door = &translator.doors[0];
+        assert_eq!(door.load().queued_requests(), 1);
+        drop(reservation);
+        assert_eq!(door.load().queued_requests(), 0);
+        // Sent with other lengths than it was reserved with, it decodes those.
+        let reservation = translator.reserve(&[text(&[4, 5, 6, 7])]).unwrap();
+        let finished = translator
+            .decode(reservation, vec![text(&[4, 5])])
+            .await
+            .unwrap();
+        assert_eq!(finished.sequences[0].output.ids, vec![4, 5]);
+        until_drained(&translator).await;
     }
 }

@@ -90,7 +90,10 @@ impl ActiveJob {
 #[derive(Default)]
 struct Published {
     in_flight: i64,
+    /// Cost units per busy second.
     throughput: f64,
+    /// Tokens per busy second.
+    tokens: f64,
 }
 
 /// One model worker: its backend, its running batch, and the jobs it has received and not
@@ -249,15 +252,19 @@ impl<B: Backend> Worker<B> {
     /// the least loaded worker's (where a new request goes).
     fn publish(&mut self, busy: Duration) {
         let progress = std::mem::take(&mut self.progress);
-        let throughput = {
+        let (throughput, tokens) = {
             let mut load = self.door().load();
             load.apply(&progress, busy);
-            load.throughput.tokens_per_second()
+            (load.throughput.per_second(), load.tokens.per_second())
         };
         self.metrics
             .throughput
             .add(throughput - self.published.throughput);
         self.published.throughput = throughput;
+        self.metrics
+            .token_throughput
+            .add(tokens - self.published.tokens);
+        self.published.tokens = tokens;
         self.metrics
             .expected_queue_wait
             .set(least_loaded(&self.doors).1.as_secs_f64());
@@ -570,7 +577,7 @@ mod tests {
                 load.queued_requests(),
                 load.batch_rows()
             ),
-            (0, 0, 0, 0)
+            (0.0, 0, 0, 0)
         );
         assert_eq!(worker.batch_tokens, 0);
         assert_eq!(worker.metrics.queue_depth.get(), 0);

@@ -49,6 +49,10 @@ pub enum ApiError {
     /// One text has more subword tokens than the configured limit.
     #[error("{0}")]
     InputTooLong(String),
+    /// The request's own work is expected to take longer than the request timeout allows,
+    /// even on an idle model: it could only time out.
+    #[error("{0}")]
+    RequestTooCostly(String),
     /// The body is larger than `--max-body-bytes`, or declares so in its `Content-Length`.
     #[error("{0}")]
     PayloadTooLarge(String),
@@ -115,6 +119,7 @@ impl From<TranslateError> for ApiError {
             },
             None => match err {
                 TranslateError::Backend(_) => ApiError::Internal(err.to_string()),
+                TranslateError::TooCostly { .. } => ApiError::RequestTooCostly(err.to_string()),
                 _ => ApiError::Unavailable(err.to_string()),
             },
         }

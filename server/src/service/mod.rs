@@ -18,13 +18,14 @@ use std::time::Instant;
 use nmt_engine::decode::StopReason;
 use nmt_engine::length::LengthRequest;
 use nmt_engine::pipeline::{Pipeline, Prediction, ValidText, PREDICTION_CHUNK};
+use nmt_engine::predictor::PREDICTOR_QUEUE_LIMIT;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
 pub use nmt_engine::limits::RequestLimits;
 
 use crate::metrics::{input_length_bucket, Metrics};
-use crate::scheduler::{Finished, Translator};
+use crate::scheduler::{Finished, Reservation, Translator};
 
 pub use error::ApiError;
 pub use types::{
@@ -323,8 +324,13 @@ impl Infer {
                 .observe(text.source_tokens as f64);
         }
         let work = async {
+            // Counted in at the door before the lengths are predicted, so that requests
+            // arriving together are judged one after the other (a timeout drops it).
+            let reservation = self.reserve(&valid)?;
             self.plan_lengths(&mut valid).await?;
-            let finished = self.decode(model, &valid.texts).await?;
+            let finished = self
+                .decode_reserved(model, reservation, &valid.texts)
+                .await?;
             self.record(&valid, bucket, &finished);
             let span = tracing::info_span!("detokenize");
             let translations = async { self.respond(model, &valid.texts, finished) }
@@ -360,16 +366,6 @@ impl Infer {
         let model = valid.model;
         let pipeline = &model.pipeline;
         let predicted = if valid.texts.iter().any(|t| pipeline.needs_prediction(t)) {
-            // A request the door would refuse anyway is refused before the predictor spends a
-            // turn on it: under overload, predictions for refused requests took the CPU the
-            // model needed. The linear fit's plans stand in for the predicted ones.
-            let stand_in: Vec<_> = valid
-                .texts
-                .iter()
-                .zip(pipeline.fit(&valid.texts))
-                .map(|(t, fit)| pipeline.decode_input_for(t, &pipeline.plan(t, fit)))
-                .collect();
-            model.translator.check(&stand_in)?;
             let span = tracing::info_span!("predict_length", texts = valid.texts.len());
             let mut predicted = Vec::with_capacity(valid.texts.len());
             // A turn per chunk, not per request: the turns are first come, first served, so a
@@ -391,7 +387,7 @@ impl Infer {
     }
 
     /// The predicted lengths of some of a request's texts, after waiting for a turn at the
-    /// predictor (the linear fit at once when too many wait).
+    /// predictor (429 at once when too many wait).
     async fn predict_chunk(
         &self,
         model: &Model,
@@ -402,9 +398,16 @@ impl Infer {
         let turn = match &model.pipeline.length.predictor {
             Some(predictor) => match predictor.turn_unless_busy().await {
                 Some(turn) => Some(turn),
+                // Refused, not planned with the linear fit instead: a text's length plan (so
+                // its translation) must not depend on what else the server is doing.
                 None => {
-                    tracing::debug!("the length predictor is busy: linear fit");
-                    return Ok(model.pipeline.fit(&texts));
+                    return Err(ApiError::Overloaded {
+                        message: format!(
+                            "{PREDICTOR_QUEUE_LIMIT} requests are waiting for the length \
+                             predictor; retry shortly, or send target_length \"source\""
+                        ),
+                        retry_after_seconds: 1,
+                    })
                 }
             },
             None => None,
@@ -418,6 +421,35 @@ impl Infer {
         .await
         .map_err(|e| ApiError::Internal(format!("the length predictor task failed: {e}")))?
         .map_err(ApiError::from)
+    }
+
+    /// Counts the request in at its model's door, its texts under their plans, or under the
+    /// linear fit's where a length is still to be predicted. A request the door refuses is
+    /// refused before the predictor spends a turn on it: under overload, predictions for
+    /// refused requests took the CPU the model needed.
+    fn reserve(&self, valid: &ValidRequest<'_>) -> Result<Reservation, ApiError> {
+        let pipeline = &valid.model.pipeline;
+        let stand_in: Vec<_> = valid
+            .texts
+            .iter()
+            .zip(pipeline.fit(&valid.texts))
+            .map(|(t, fit)| pipeline.decode_input_for(t, &pipeline.plan(t, fit)))
+            .collect();
+        Ok(valid.model.translator.reserve(&stand_in)?)
+    }
+
+    /// Sends reserved `texts` under their plans to the model and waits for it.
+    async fn decode_reserved(
+        &self,
+        model: &Model,
+        reservation: Reservation,
+        texts: &[ValidText],
+    ) -> Result<Finished, ApiError> {
+        let inputs = texts
+            .iter()
+            .map(|t| model.pipeline.decode_input(t))
+            .collect();
+        Ok(model.translator.decode(reservation, inputs).await?)
     }
 
     /// Queues `texts` under their plans and waits for the model.
@@ -539,6 +571,7 @@ mod tests {
             max_batch_tokens: 1000,
             max_queued_requests: 8,
             max_queue_wait: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(60),
         }
     }
 

@@ -54,6 +54,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::TooManyTexts(_)
             | ApiError::InputTooLong(_)
+            | ApiError::RequestTooCostly(_)
             | ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             // RFC 9112 §6.1: a transfer coding the server does not understand is 501.
@@ -84,7 +85,8 @@ impl ApiError {
             | ApiError::InvalidTargetLength(_)
             | ApiError::UnsupportedMediaType(_)
             | ApiError::TooManyTexts(_)
-            | ApiError::InputTooLong(_) => Code::InvalidArgument,
+            | ApiError::InputTooLong(_)
+            | ApiError::RequestTooCostly(_) => Code::InvalidArgument,
             ApiError::ModelNotFound(_) => Code::NotFound,
             ApiError::NotFound(_)
             | ApiError::MethodNotAllowed(_)
@@ -199,7 +201,8 @@ mod tests {
                 | "invalid_target_length"
                 | "unsupported_media_type"
                 | "too_many_texts"
-                | "input_too_long" => Code::InvalidArgument,
+                | "input_too_long"
+                | "request_too_costly" => Code::InvalidArgument,
                 "model_not_found" => Code::NotFound,
                 "not_found"
                 | "method_not_allowed"

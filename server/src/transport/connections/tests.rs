@@ -43,6 +43,7 @@ fn infer(step_delay: Duration) -> Infer {
         max_batch_tokens: 4096,
         max_queued_requests: 16,
         max_queue_wait: Duration::from_secs(60),
+        request_timeout: Duration::from_secs(60),
     };
     let backend = CopyBackend {
         step_delay,

@@ -64,13 +64,16 @@ impl Api {
         (self.status(error), body)
     }
 
-    /// The status this API answers for `error`: a text over a limit or too many texts is 400
-    /// in LibreTranslate (its answer to a text over its character limit) and 413 in DeepL;
+    /// The status this API answers for `error`: a text over a limit, too many texts or a
+    /// request too costly to finish in time is 400 in LibreTranslate (its answer to a text
+    /// over its character limit) and 413 in DeepL;
     /// whatever else the request got wrong is 400; the HTTP statuses their servers answer
     /// (404, 405, 408, 413, 414, 431), 429 and the server's own failures are as they are.
     pub fn status(self, error: &ApiError) -> StatusCode {
         match error {
-            ApiError::TooManyTexts(_) | ApiError::InputTooLong(_) => match self {
+            ApiError::TooManyTexts(_)
+            | ApiError::InputTooLong(_)
+            | ApiError::RequestTooCostly(_) => match self {
                 Api::LibreTranslate => StatusCode::BAD_REQUEST,
                 Api::DeepL => StatusCode::PAYLOAD_TOO_LARGE,
             },
@@ -140,7 +143,9 @@ mod tests {
             let libre = Api::LibreTranslate.status(&error);
             let deepl = Api::DeepL.status(&error);
             let expected = match error.error_type() {
-                "too_many_texts" | "input_too_long" => (bad, StatusCode::PAYLOAD_TOO_LARGE),
+                "too_many_texts" | "input_too_long" | "request_too_costly" => {
+                    (bad, StatusCode::PAYLOAD_TOO_LARGE)
+                }
                 "invalid_json"
                 | "invalid_request"
                 | "empty_text"
