@@ -16,6 +16,8 @@
 //! - [`limits`]: the request limits and the input and output bounds derived from them.
 //! - [`pipeline`]: validate → plan → decode input → respond → fit characters, once, around a
 //!   per-text [`pipeline::ValidText`]; [`error`], its typed errors.
+//! - [`sentences`]: splitting a text into sentences (`split_sentences`) and joining their
+//!   translations with its own whitespace.
 //! - [`offline`]: the pipeline driven directly ([`offline::Engine`]), for `nmt-translate`,
 //!   `nmt-eval` and the benchmarks.
 //! - `testing` (the crate's own tests, and the `testing` feature): a backend without ONNX
@@ -34,6 +36,7 @@ pub mod onnx;
 pub mod package;
 pub mod pipeline;
 pub mod predictor;
+pub mod sentences;
 pub mod slots;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

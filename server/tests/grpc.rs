@@ -76,6 +76,7 @@ async fn translations_match_the_service_and_http() {
             model: None,
             length: Default::default(),
             no_repeat_ngram_size: None,
+            split_sentences: false,
         })
         .await
         .unwrap();

@@ -110,6 +110,7 @@ async fn translates_one_text_and_a_list_in_order() {
             predicted_length: None,
             length_mode: None,
             truncated: false,
+            sentences: None,
         }]
     );
 
@@ -744,6 +745,7 @@ async fn the_openapi_schemas_list_every_field_of_the_json_api() {
     let mut request = serde_json::json!({
         "text": "hello world", "model": "dev-copy", "target_length": 2,
         "length_mode": "exact", "max_chars": 40, "no_repeat_ngram_size": 3,
+        "split_sentences": false,
     });
     assert_eq!(documented(&schemas["TranslateRequest"]), keys(&request));
     let (status, json) = send(app.clone(), post_json(request.to_string())).await;
@@ -814,6 +816,7 @@ async fn every_json_answer_has_exactly_the_documented_fields_and_the_required_on
         predicted_length: None,
         length_mode: None,
         truncated: false,
+        sentences: None,
         ..full.clone()
     };
     check("Translation", &json(&full), &json(&bare));
@@ -942,6 +945,7 @@ fn every_field_set() -> Translation {
         predicted_length: Some(1.2),
         length_mode: Some(LengthMode::Soft),
         truncated: true,
+        sentences: Some(2),
     }
 }
 
@@ -990,4 +994,135 @@ async fn a_length_mode_of_the_wrong_type_is_the_requests_fault() {
     assert_eq!(status, StatusCode::OK);
     let (status, _) = post(r#"{"text": "hello", "length_mode": null}"#).await;
     assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn split_sentences_translates_sentence_by_sentence_and_keeps_the_whitespace() {
+    // Each sentence is under the 5-token limit; the whole text is not.
+    let body = serde_json::json!({
+        "text": ["The red house.  A dog!\nOne two three?", "Five four."],
+        "split_sentences": true,
+    });
+    let (status, json) = post(&body.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    let response: TranslateResponse = serde_json::from_value(json.clone()).unwrap();
+    let [first, second] = &response.translations[..] else {
+        panic!("one translation per text: {json}");
+    };
+    assert_eq!(first.sentences, Some(3), "{json}");
+    assert_eq!(json["translations"][0]["sentences"], 3);
+    assert_eq!(second.sentences, Some(1), "{json}");
+    // The copy backend gives each sentence back, so the whole text comes back whole.
+    let alone = |text: &str| {
+        let body = serde_json::json!({ "text": text });
+        async move {
+            let (status, json) = post(&body.to_string()).await;
+            assert_eq!(status, StatusCode::OK, "{json}");
+            serde_json::from_value::<TranslateResponse>(json)
+                .unwrap()
+                .translations[0]
+                .clone()
+        }
+    };
+    let sentences = [
+        alone("The red house.").await,
+        alone("A dog!").await,
+        alone("One two three?").await,
+    ];
+    assert_eq!(
+        first.text,
+        format!(
+            "{}  {}\n{}",
+            sentences[0].text, sentences[1].text, sentences[2].text
+        )
+    );
+    assert!(
+        sentences.iter().all(|t| !t.text.is_empty()),
+        "{sentences:?}"
+    );
+    assert_eq!(
+        first.output_tokens,
+        sentences.iter().map(|t| t.output_tokens).sum::<usize>()
+    );
+    assert_eq!(
+        first.source_tokens,
+        sentences.iter().map(|t| t.source_tokens).sum::<usize>()
+    );
+
+    // Without it, the same text is one text, over the limit, and `sentences` is absent.
+    let (status, json) = post(r#"{"text": "The red house."}"#).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert!(json["translations"][0].get("sentences").is_none(), "{json}");
+    let (status, _) = post(r#"{"text": "The red house.  A dog!\nOne two three?"}"#).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn split_sentences_refusals() {
+    for body in [
+        r#"{"text": "Hi. Bye.", "split_sentences": true, "target_length": 3}"#,
+        r#"{"text": "Hi. Bye.", "split_sentences": true, "max_chars": 30}"#,
+        r#"{"text": "Hi. Bye.", "split_sentences": "yes"}"#,
+    ] {
+        let (status, json) = post(body).await;
+        let (status, ty, message) = error_of(status, json);
+        assert_eq!(
+            (status, ty.as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
+            "{body}: {message}"
+        );
+        if !body.contains("yes") {
+            assert!(
+                message.contains("target_length/max_chars apply to whole texts"),
+                "{message}"
+            );
+        }
+    }
+    // Per-text "source" applies to each sentence.
+    let (status, json) =
+        post(r#"{"text": "Hi. Bye.", "split_sentences": true, "target_length": "source", "length_mode": "exact"}"#)
+            .await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(json["translations"][0]["sentences"], 2, "{json}");
+
+    // The text count still applies to texts; a blank text is still empty.
+    let (status, json) =
+        post(r#"{"text": ["a.", "b.", "c.", "d."], "split_sentences": true}"#).await;
+    assert_eq!(error_of(status, json).1, "too_many_texts");
+    assert_422(
+        r#"{"text": ["a.", " \n "], "split_sentences": true}"#,
+        "empty_text",
+    )
+    .await;
+
+    // The input limit applies to each sentence, and says which.
+    let (status, json) =
+        post(r#"{"text": ["a.", "Fine. One two three four five six."], "split_sentences": true}"#)
+            .await;
+    let (status, ty, message) = error_of(status, json);
+    assert_eq!(
+        (status, ty.as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "input_too_long")
+    );
+    assert!(
+        message.contains("sentence 1 of text 1 has") && message.contains("limit is 5"),
+        "{message}"
+    );
+
+    // At most 16 sentences per text the request may hold (3 here): 48 pass, 49 do not.
+    let sentences = |n: usize| "Hi. ".repeat(n);
+    let body = |n| serde_json::json!({"text": sentences(n), "split_sentences": true}).to_string();
+    let (status, json) = post(&body(48)).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(json["translations"][0]["sentences"], 48);
+    let (status, json) = post(&body(49)).await;
+    let (status, ty, message) = error_of(status, json);
+    assert_eq!(
+        (status, ty.as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "too_many_texts")
+    );
+    assert!(
+        message.contains("more than 48 sentences") && message.contains("16 times"),
+        "{message}"
+    );
 }

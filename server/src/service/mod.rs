@@ -16,9 +16,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nmt_engine::decode::StopReason;
-use nmt_engine::length::LengthRequest;
+use nmt_engine::length::{LengthRequest, TargetLength};
+use nmt_engine::limits::LimitSource;
 use nmt_engine::pipeline::{Pipeline, Prediction, ValidText, PREDICTION_CHUNK};
 use nmt_engine::predictor::PREDICTOR_QUEUE_LIMIT;
+use nmt_engine::sentences::{self, Sentences};
+use nmt_engine::{EngineError, ValidationError};
 use tokio::sync::Notify;
 use tracing::Instrument;
 
@@ -58,7 +61,12 @@ impl Model {
 /// decoded (a prediction may be needed, which runs off the async runtime).
 pub struct ValidRequest<'a> {
     pub model: &'a Model,
+    /// What the model translates: the request's texts, or with `split_sentences` their
+    /// sentences, text after text.
     pub texts: Vec<ValidText>,
+    /// With `split_sentences`, each request text's sentences and the whitespace around them,
+    /// to join `texts`' translations back into one per request text.
+    pub split: Option<Vec<Sentences>>,
 }
 
 impl ValidRequest<'_> {
@@ -72,6 +80,43 @@ impl ValidRequest<'_> {
                 .unwrap_or(0),
         )
     }
+}
+
+/// With `split_sentences`, a request may hold this many sentences per text it may hold
+/// (`--max-texts-per-request`).
+pub const SENTENCES_PER_TEXT: usize = 16;
+
+/// One translation per request text from its sentences' translations (in order, text after
+/// text): joined with the text's own whitespace, their counts summed.
+fn join_sentences(
+    split: &[Sentences],
+    translations: Vec<nmt_engine::Translation>,
+) -> Vec<Translation> {
+    let mut translations = translations.into_iter();
+    split
+        .iter()
+        .map(|sentences| {
+            let parts: Vec<nmt_engine::Translation> = translations
+                .by_ref()
+                .take(sentences.sentences.len())
+                .collect();
+            let texts: Vec<&str> = parts.iter().map(|t| t.text.as_str()).collect();
+            let sum = |f: fn(&nmt_engine::Translation) -> Option<f64>| {
+                parts.iter().map(f).sum::<Option<f64>>()
+            };
+            Translation {
+                text: sentences.join(&texts),
+                source_tokens: parts.iter().map(|t| t.source_tokens).sum(),
+                output_tokens: parts.iter().map(|t| t.output_tokens).sum(),
+                target_length: parts.iter().map(|t| t.target_length).sum(),
+                length_source: parts.first().and_then(|t| t.length_source),
+                predicted_length: sum(|t| t.predicted_length),
+                length_mode: parts.first().and_then(|t| t.length_mode),
+                truncated: parts.iter().any(|t| t.truncated),
+                sentences: Some(parts.len()),
+            }
+        })
+        .collect()
 }
 
 /// The service; cheap to clone.
@@ -261,6 +306,7 @@ impl Infer {
                 model: Some(name.clone()),
                 length: LengthRequest::default(),
                 no_repeat_ngram_size: None,
+                split_sentences: false,
             })
             .await?;
             tracing::info!(model = %name, elapsed_ms = started.elapsed().as_millis() as u64, "warm-up translation done");
@@ -288,11 +334,88 @@ impl Infer {
             ))
         })?;
         let _span = tracing::info_span!("tokenize", texts = request.texts.len()).entered();
+        if request.split_sentences {
+            return self.validate_sentences(model, request);
+        }
         let texts =
             model
                 .pipeline
                 .validate(request.texts, request.length, request.no_repeat_ngram_size)?;
-        Ok(ValidRequest { model, texts })
+        Ok(ValidRequest {
+            model,
+            texts,
+            split: None,
+        })
+    }
+
+    /// [`Infer::validate`] with `split_sentences`: the request's texts are checked as
+    /// texts (count, emptiness), then cut into sentences, each checked and tokenized as a
+    /// text of its own.
+    fn validate_sentences<'a>(
+        &self,
+        model: &'a Model,
+        request: TranslateRequest,
+    ) -> Result<ValidRequest<'a>, ApiError> {
+        let length = request.length;
+        if matches!(length.target, Some(TargetLength::Tokens(_))) || length.max_chars.is_some() {
+            return Err(ApiError::InvalidRequest(
+                "target_length/max_chars apply to whole texts; not with split_sentences                  (target_length \"source\" and \"auto\" apply to each sentence)"
+                    .into(),
+            ));
+        }
+        let pipeline = &model.pipeline;
+        let ban =
+            pipeline.check_request(request.texts.len(), &length, request.no_repeat_ngram_size)?;
+        let limit = self.inner.limits.max_texts_per_request * SENTENCES_PER_TEXT;
+        let mut split = Vec::with_capacity(request.texts.len());
+        let mut count = 0;
+        for (index, text) in request.texts.iter().enumerate() {
+            let sentences = sentences::split(&model.source_language, text);
+            if sentences.sentences.is_empty() {
+                return Err(ValidationError::EmptyText { index }.into());
+            }
+            count += sentences.sentences.len();
+            if count > limit {
+                return Err(ApiError::TooManyTexts(format!(
+                    "split_sentences cut the request's texts into more than {limit} sentences; \
+                     the limit is {SENTENCES_PER_TEXT} times --max-texts-per-request \
+                     ({}): send fewer or shorter texts",
+                    self.inner.limits.max_texts_per_request
+                )));
+            }
+            split.push(sentences);
+        }
+        let mut texts = Vec::with_capacity(count);
+        for (index, sentences) in split.iter().enumerate() {
+            for (number, sentence) in sentences.sentences.iter().enumerate() {
+                let valid = pipeline
+                    .validate_text(index, sentence.clone(), length, ban)
+                    .map_err(|err| match err {
+                        EngineError::Invalid(ValidationError::InputTooLong {
+                            tokens,
+                            limit,
+                            limit_source,
+                            model,
+                            ..
+                        }) => ApiError::InputTooLong(format!(
+                            "sentence {number} of text {index} has {tokens} subword tokens; \
+                             the limit is {limit} per sentence with split_sentences ({})",
+                            match limit_source {
+                                LimitSource::Server => "--max-input-tokens".to_string(),
+                                LimitSource::Model =>
+                                    format!("the longest input model `{model}` can take"),
+                            }
+                        )),
+                        err => err.into(),
+                    })?;
+                texts.push(valid);
+            }
+        }
+        Ok(ValidRequest {
+            model,
+            texts,
+            split: Some(split),
+        })
     }
 
     /// Validates, queues and decodes `request`, within the request timeout.
@@ -337,9 +460,13 @@ impl Infer {
                 .instrument(span)
                 .await?;
             let translations = self.fit_chars(&valid, translations).await?;
+            let translations = match &valid.split {
+                None => translations.into_iter().map(Translation::from).collect(),
+                Some(split) => join_sentences(split, translations),
+            };
             Ok(TranslateResponse {
                 model: model.name().to_string(),
-                translations: translations.into_iter().map(Translation::from).collect(),
+                translations,
             })
         };
         let result =
@@ -586,6 +713,7 @@ mod tests {
                 model: Some(name),
                 length: LengthRequest::default(),
                 no_repeat_ngram_size: None,
+                split_sentences: false,
             })
             .await
             .expect_err("an unknown model is refused");
@@ -610,6 +738,7 @@ mod tests {
             model: None,
             length: LengthRequest::default(),
             no_repeat_ngram_size: n,
+            split_sentences: false,
         };
         let ban = |n| {
             infer

@@ -18,6 +18,9 @@ pub struct TranslateRequest {
     pub length: LengthRequest,
     /// `no_repeat_ngram_size`; `None` for the server's default.
     pub no_repeat_ngram_size: Option<usize>,
+    /// Each text is cut into sentences, which are translated as texts of their own and
+    /// joined with the text's own whitespace (`split_sentences`).
+    pub split_sentences: bool,
 }
 
 /// One text's translation. Fields that do not apply are left out, never `null`.
@@ -52,6 +55,14 @@ pub struct Translation {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schema(default = false)]
     pub truncated: bool,
+    /// How many sentences the text was cut into, with `split_sentences` only; absent
+    /// otherwise. The sentences were translated one by one and joined with the text's own
+    /// whitespace: `source_tokens`, `output_tokens`, `target_length` and `predicted_length`
+    /// are then sums over them (`target_length` and `predicted_length` present only when
+    /// every sentence had one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub sentences: Option<usize>,
 }
 
 impl From<nmt_engine::Translation> for Translation {
@@ -65,6 +76,7 @@ impl From<nmt_engine::Translation> for Translation {
             predicted_length: t.predicted_length,
             length_mode: t.length_mode,
             truncated: t.truncated,
+            sentences: None,
         }
     }
 }

@@ -40,6 +40,7 @@ pub fn from_proto(request: proto::TranslateRequest) -> Result<TranslateRequest, 
             max_chars: request.max_chars.map(|n| n as usize),
         },
         no_repeat_ngram_size: request.no_repeat_ngram_size.map(|n| n as usize),
+        split_sentences: false,
     })
 }
 

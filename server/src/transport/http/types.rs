@@ -144,6 +144,17 @@ pub struct TranslateFields {
     #[serde(default)]
     #[schema(minimum = 0, maximum = 64)]
     no_repeat_ngram_size: Option<usize>,
+    /// Cut each text into sentences (Wikimedia's segmenter, `sentencex`, with the model's
+    /// source language), translate every sentence as a text of its own (in the same batch),
+    /// and join the translations with the text's own whitespace between sentences. Still
+    /// one translation per text, with `sentences`, the count. `--max-input-tokens` then
+    /// applies to each sentence, and a request may hold at most 16 times
+    /// `--max-texts-per-request` sentences (413 `too_many_texts`). `target_length` numbers and
+    /// `max_chars` apply to whole texts, so they are refused with it (422
+    /// `invalid_request`); `"source"` and `"auto"` apply to each sentence.
+    #[serde(default)]
+    #[schema(default = false)]
+    split_sentences: Option<bool>,
 }
 
 /// An enum that JSON spells as one of its words (`"soft"`), or null. serde_json reads a number,
@@ -180,7 +191,7 @@ impl<'de> Deserialize<'de> for TranslateBody {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
                     "a JSON object with `text` and optionally `model`, `target_length`, \
-                     `length_mode`, `max_chars` and `no_repeat_ngram_size`",
+                     `length_mode`, `max_chars`, `no_repeat_ngram_size` and `split_sentences`",
                 )
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
@@ -195,6 +206,7 @@ impl<'de> Deserialize<'de> for TranslateBody {
                         max_chars: fields.max_chars,
                     },
                     no_repeat_ngram_size: fields.no_repeat_ngram_size,
+                    split_sentences: fields.split_sentences.unwrap_or(false),
                 }))
             }
         }

@@ -83,6 +83,7 @@ impl Ask<'_> {
             model: Some(route.model.clone()),
             length: self.extras.length(),
             no_repeat_ngram_size: None,
+            split_sentences: false,
         };
         Ok((route, infer.translate(request).await?))
     }
