@@ -42,7 +42,7 @@ use serde_json::{json, Map, Value};
 
 use crate::graph::{attr_int, Axis, ElemType, Graph};
 use crate::proto::ModelProto;
-use crate::transformer::padding_bias;
+use crate::transformer::{cache_view, padding_bias};
 
 /// Carried in the binary and run with python3 (`python/marian_tokenizers.py`).
 const TOKENIZER_SCRIPT: &str = include_str!("../python/marian_tokenizers.py");
@@ -942,32 +942,6 @@ impl Writer<'_> {
         )
     }
 
-    /// The additive bias `[batch, 1, 1, past_len + 1]` that leaves row `r` its first
-    /// `positions[r]` cache columns and its new column, and the split of the probabilities
-    /// into the cache's and the new column's.
-    fn cache_columns(&self, g: &mut Graph, past_key: &str, positions: &str) -> (String, String) {
-        let shape = g.op("Shape", &[past_key], vec![]);
-        let past_len = g.slice(&shape, 0, 2, 3);
-        let zero = g.int_scalar(0);
-        let one = g.int_scalar(1);
-        let len = g.squeeze(&past_len, &[0]);
-        let columns = g.op("Range", &[&zero, &len, &one], vec![]);
-        let columns = g.unsqueeze(&columns, &[0]);
-        let rows_at = g.unsqueeze(positions, &[1]);
-        let owned = g.op("Less", &[&columns, &rows_at], vec![]);
-        let owned = g.cast(&owned, ElemType::F32);
-        let batch = g.op("Shape", &[positions], vec![]);
-        let one_column = g.ints(&[1]);
-        let column_shape = g.concat(&[&batch, &one_column], 0);
-        let ones = g.float_scalar(1.0);
-        let ones = g.op("Expand", &[&ones, &column_shape], vec![]);
-        let visible = g.concat(&[&owned, &ones], 1);
-        let bias = padding_bias(g, &visible);
-        let bias = g.unsqueeze(&bias, &[1, 2]);
-        let split = g.concat(&[&past_len, &one_column], 0);
-        (bias, split)
-    }
-
     fn decoder_step(&self) -> ModelProto {
         let cfg = self.config;
         let (h, dh) = (cfg.heads, cfg.head_dim());
@@ -990,9 +964,8 @@ impl Writer<'_> {
             ElemType::F32,
             &past_axes,
         );
-        let (self_bias, split) = g.scoped("cache", |g| {
-            self.cache_columns(g, &first_past_key, &positions)
-        });
+        let view = g.scoped("cache", |g| cache_view(g, &first_past_key, &positions));
+        let (self_bias, split) = (view.bias, view.split);
         let cross_bias = padding_bias(&mut g, &source_mask);
         let cross_bias = g.unsqueeze(&cross_bias, &[1, 2]);
         for (i, layer) in self.weights.decoder.iter().enumerate() {

@@ -166,6 +166,57 @@ pub(crate) fn padding_bias(g: &mut Graph, mask: &str) -> String {
     g.mul(&shifted, &big)
 }
 
+/// A decoder step's view of its self-attention cache `past_key`
+/// `[batch, heads, past_len, head_dim]`: row `r` sees its first `positions[r]` cache columns
+/// and its new column. Shared by this project's decoders and imported ones (`marian`).
+pub(crate) struct CacheView {
+    /// Column indices `[1, past_len]`.
+    pub columns: String,
+    /// Each row's position `[batch, 1]`.
+    pub rows_at: String,
+    /// The batch size `[1]`, the new column's shape `[batch, 1]`, `past_len` `[1]`, and `[1]`.
+    pub batch: String,
+    pub column_shape: String,
+    pub past_len: String,
+    pub one_column: String,
+    /// The additive bias `[batch, 1, 1, past_len + 1]`.
+    pub bias: String,
+    /// `[past_len, 1]`: the probabilities' split into the cache's and the new column's.
+    pub split: String,
+}
+
+pub(crate) fn cache_view(g: &mut Graph, past_key: &str, positions: &str) -> CacheView {
+    let shape = g.op("Shape", &[past_key], vec![]);
+    let past_len = g.slice(&shape, 0, 2, 3);
+    let zero = g.int_scalar(0);
+    let one = g.int_scalar(1);
+    let len = g.squeeze(&past_len, &[0]);
+    let columns = g.op("Range", &[&zero, &len, &one], vec![]);
+    let columns = g.unsqueeze(&columns, &[0]);
+    let rows_at = g.unsqueeze(positions, &[1]);
+    let owned = g.op("Less", &[&columns, &rows_at], vec![]);
+    let owned = g.cast(&owned, ElemType::F32);
+    let batch = g.op("Shape", &[positions], vec![]);
+    let one_column = g.ints(&[1]);
+    let column_shape = g.concat(&[&batch, &one_column], 0);
+    let ones = g.float_scalar(1.0);
+    let ones = g.op("Expand", &[&ones, &column_shape], vec![]);
+    let visible = g.concat(&[&owned, &ones], 1);
+    let bias = padding_bias(g, &visible);
+    let bias = g.unsqueeze(&bias, &[1, 2]);
+    let split = g.concat(&[&past_len, &one_column], 0);
+    CacheView {
+        columns,
+        rows_at,
+        batch,
+        column_shape,
+        past_len,
+        one_column,
+        bias,
+        split,
+    }
+}
+
 /// `[batch]` int32 count of the real positions of each row of a 1/0 `mask` (the
 /// `sequence_lens` of ONNX's recurrent ops).
 pub(crate) fn sequence_lens(g: &mut Graph, mask: &str) -> String {
@@ -693,25 +744,16 @@ impl Exporter<'_> {
     /// that leaves row `r` its first `positions[r]` cache columns and its new column, and,
     /// when the decoder has relative tables, the table row of each of those columns.
     fn cache_columns(&self, g: &mut Graph, past_key: &str, positions: &str) -> StepColumns {
-        let shape = g.op("Shape", &[past_key], vec![]);
-        let past_len = g.slice(&shape, 0, 2, 3);
-        let zero = g.int_scalar(0);
-        let one = g.int_scalar(1);
-        let len = g.squeeze(&past_len, &[0]);
-        let columns = g.op("Range", &[&zero, &len, &one], vec![]);
-        let columns = g.unsqueeze(&columns, &[0]);
-        let rows_at = g.unsqueeze(positions, &[1]);
-        let owned = g.op("Less", &[&columns, &rows_at], vec![]);
-        let owned = g.cast(&owned, ElemType::F32);
-        // [batch, 1]: the shape of the new column.
-        let batch = g.op("Shape", &[positions], vec![]);
-        let one_column = g.ints(&[1]);
-        let column_shape = g.concat(&[&batch, &one_column], 0);
-        let ones = g.float_scalar(1.0);
-        let ones = g.op("Expand", &[&ones, &column_shape], vec![]);
-        let visible = g.concat(&[&owned, &ones], 1);
-        let bias = self.padding_bias(g, &visible);
-        let split = g.concat(&[&past_len, &one_column], 0);
+        let CacheView {
+            columns,
+            rows_at,
+            batch,
+            column_shape,
+            past_len,
+            one_column,
+            bias,
+            split,
+        } = cache_view(g, past_key, positions);
         let relative = self.model.decoder.layers[0]
             .self_attn
             .relative

@@ -9,18 +9,9 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::{metric_sum, wait_until_ready, ServerProcess};
 use common::{post_translate, scrape, server_default, shipped_package, start_server_with_env};
-use common::{wait_until_ready, ServerProcess};
 use serde_json::{json, Value};
-
-/// The sum of a metric's samples (every label set) in a Prometheus exposition.
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 /// The held-out verses the evaluation's tests use (Daniel 1), one per line.
 fn verses() -> Vec<String> {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use candle_core::{Device, Tensor};
 use common::{
-    binary, post_translate, run, scrape, server_args, shipped_package, start_server,
+    binary, metric_sum, post_translate, run, scrape, server_args, shipped_package, start_server,
     wait_until_ready, ServerProcess,
 };
 use nmt_testkit::{ApiClient, StartOptions, Stderr};
@@ -116,15 +116,6 @@ fn shared_package() -> &'static Path {
         build_package(&work);
         work
     })
-}
-
-/// The sum of a metric's samples over all label sets, from Prometheus text.
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

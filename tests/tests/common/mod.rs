@@ -103,6 +103,15 @@ pub async fn scrape(client: &reqwest::Client, server: &ServerProcess) -> String 
     server.api(client.clone()).metrics().await.unwrap()
 }
 
+/// The sum of a metric's samples (every label set) in a Prometheus exposition.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A flag's default as `nmt-server --help` prints it.
 pub fn server_default(flag: &str) -> String {
     let help = Command::new(binary("nmt-server"))
