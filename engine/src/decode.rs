@@ -7,7 +7,7 @@
 //! not wait for the long one: it takes a free slot, or one past the end.
 
 use crate::backend::{Backend, BackendError};
-use crate::logits::{repeated_ngram_ends, EosRule};
+use crate::logits::{log_prob, repeated_ngram_ends, EosRule};
 use crate::memory;
 
 /// The token ids the loop itself needs.
@@ -31,6 +31,10 @@ pub struct DecodeInput {
     pub target_length: Option<usize>,
     /// No n-gram of this many tokens is generated twice (0: off).
     pub no_repeat_ngram_size: usize,
+    /// Sum the model's log-probability of every token chosen, EOS included: what ranks the
+    /// candidates of one text decoded at several lengths. Off by default: it costs a pass
+    /// over the vocabulary per row and step.
+    pub score: bool,
 }
 
 impl DecodeInput {
@@ -42,6 +46,7 @@ impl DecodeInput {
             max_output_tokens,
             target_length: None,
             no_repeat_ngram_size: 0,
+            score: false,
         }
     }
 
@@ -59,11 +64,14 @@ pub enum StopReason {
     MaxLength,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DecodeOutput {
     /// Generated ids, EOS excluded.
     pub ids: Vec<u32>,
     pub stop: StopReason,
+    /// The model's log-probability of `ids` and of the EOS that ended them (if one did),
+    /// unbiased by any length rule; only for inputs that asked ([`DecodeInput::score`]).
+    pub log_prob: Option<f64>,
 }
 
 struct Sequence<T> {
@@ -74,6 +82,7 @@ struct Sequence<T> {
     /// Fed to the decoder's `target_lengths` (0 without a target length).
     target_length: i64,
     no_repeat_ngram_size: usize,
+    log_prob: Option<f64>,
 }
 
 /// A slot of the backend's batch.
@@ -168,6 +177,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
                     max_tokens: input.max_output_tokens,
                     target_length: input.target_length.unwrap_or(0) as i64,
                     no_repeat_ngram_size: input.no_repeat_ngram_size,
+                    log_prob: input.score.then_some(0.0),
                 });
                 if slot < self.rows.len() {
                     self.rows[slot] = row;
@@ -178,10 +188,11 @@ impl<B: Backend, T> RunningBatch<B, T> {
         }
         Ok(empty
             .into_iter()
-            .map(|(tag, _)| {
+            .map(|(tag, input)| {
                 let output = DecodeOutput {
                     ids: Vec::new(),
                     stop: StopReason::MaxLength,
+                    log_prob: input.score.then_some(0.0),
                 };
                 (tag, output)
             })
@@ -232,6 +243,9 @@ impl<B: Backend, T> RunningBatch<B, T> {
             let next = sequence
                 .eos
                 .choose(logits.row(r), special.eos, sequence.ids.len(), &banned);
+            if let Some(sum) = &mut sequence.log_prob {
+                *sum += f64::from(log_prob(logits.row(r), next));
+            }
             let stop = if next == special.eos {
                 Some(StopReason::Eos)
             } else {
@@ -251,6 +265,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
                     DecodeOutput {
                         ids: sequence.ids,
                         stop,
+                        log_prob: sequence.log_prob,
                     },
                 ));
             }
@@ -454,14 +469,16 @@ mod tests {
                     "short",
                     DecodeOutput {
                         ids: vec![9],
-                        stop: StopReason::Eos
+                        stop: StopReason::Eos,
+                        log_prob: None,
                     }
                 ),
                 (
                     "long",
                     DecodeOutput {
                         ids: vec![4, 5, 6, 7, 8],
-                        stop: StopReason::Eos
+                        stop: StopReason::Eos,
+                        log_prob: None,
                     }
                 ),
             ]

@@ -34,8 +34,13 @@ pub enum ValidationError {
         max_output: usize,
         model: String,
     },
-    #[error("max_chars {chars} is outside 1..={MAX_CHARS_LIMIT}")]
-    MaxCharsOutOfRange { chars: usize },
+    #[error("{field} {chars} is outside 1..={MAX_CHARS_LIMIT}")]
+    CharsOutOfRange { field: &'static str, chars: usize },
+    #[error(
+        "target_length and target_chars both ask for a length; send one (target_chars for a \
+         length in characters)"
+    )]
+    TwoTargets,
     #[error(
         "model `{model}` has no length encoding, so it cannot plan a translation of a given \
          length; send \"length_mode\": \"exact\" to force the length while decoding (the \

@@ -12,6 +12,7 @@ use model_package::LinearFit;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::char_length::{About, CharGoal};
 use crate::decode::DecodeInput;
 use crate::error::ValidationError;
 use crate::limits::RequestLimits;
@@ -105,6 +106,86 @@ impl<'de> Deserialize<'de> for TargetLength {
     }
 }
 
+/// A length in characters a request can ask for (`target_chars`): in JSON a positive
+/// integer or `"source"`; on a command line the same words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetChars {
+    /// About this many characters, spaces counted (within ±10%).
+    Chars(usize),
+    /// Isometric: about as many characters as the source, spaces not counted on either side
+    /// (the IWSLT 2022 isometric task's length compliance).
+    Source,
+}
+
+impl TargetChars {
+    const EXPECTED: &'static str = r#"a number of characters or "source""#;
+
+    /// The goal for a text whose source is `source`.
+    pub fn about(self, source: &str) -> About {
+        match self {
+            TargetChars::Chars(n) => About::chars(n),
+            TargetChars::Source => About::isometric(source),
+        }
+    }
+}
+
+impl FromStr for TargetChars {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            TargetLength::SOURCE => Ok(TargetChars::Source),
+            n => n
+                .parse::<usize>()
+                .map(TargetChars::Chars)
+                .map_err(|_| format!("`{n}` is not {}", Self::EXPECTED)),
+        }
+    }
+}
+
+impl fmt::Display for TargetChars {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            TargetChars::Chars(n) => write!(f, "{n}"),
+            TargetChars::Source => f.write_str(TargetLength::SOURCE),
+        }
+    }
+}
+
+impl Serialize for TargetChars {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TargetChars::Chars(n) => serializer.serialize_u64(*n as u64),
+            TargetChars::Source => serializer.serialize_str(TargetLength::SOURCE),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TargetChars {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CharsVisitor;
+        impl Visitor<'_> for CharsVisitor {
+            type Value = TargetChars;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(TargetChars::EXPECTED)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(TargetChars::Chars(usize::try_from(v).unwrap_or(usize::MAX)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                v.parse()
+                    .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))
+            }
+        }
+        deserializer.deserialize_any(CharsVisitor)
+    }
+}
+
 /// How a target length is met.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
@@ -125,12 +206,24 @@ pub struct LengthRequest {
     pub mode: LengthMode,
     /// At most this many characters per translation.
     pub max_chars: Option<usize>,
+    /// About this many characters per translation (n-best over lengths).
+    pub target_chars: Option<TargetChars>,
 }
 
 impl LengthRequest {
     /// Whether the request constrains the length at all.
     pub fn is_constrained(&self) -> bool {
-        self.target.is_some() || self.max_chars.is_some()
+        self.target.is_some() || self.max_chars.is_some() || self.target_chars.is_some()
+    }
+
+    /// The character goal of a text whose source is `source`: `None` when the request has
+    /// none, and the text is decoded once.
+    pub fn char_goal(&self, source: &str) -> Option<CharGoal> {
+        let about = self.target_chars.map(|t| t.about(source));
+        (about.is_some() || self.max_chars.is_some()).then_some(CharGoal {
+            about,
+            at_most: self.max_chars,
+        })
     }
 }
 
@@ -149,6 +242,8 @@ pub enum LengthSource {
     LinearFit,
     /// `max_chars`, converted to subwords, was shorter than any of the above.
     MaxChars,
+    /// A candidate length for `target_chars`.
+    TargetChars,
 }
 
 /// Longest `max_chars` accepted: far beyond any output limit, so only absurd values fail.
@@ -234,10 +329,23 @@ impl LengthModel {
                 });
             }
         }
-        if let Some(chars) = request.max_chars {
-            if chars == 0 || chars > MAX_CHARS_LIMIT {
-                return Err(ValidationError::MaxCharsOutOfRange { chars });
+        let asked_chars = [
+            ("max_chars", request.max_chars),
+            (
+                "target_chars",
+                match request.target_chars {
+                    Some(TargetChars::Chars(n)) => Some(n),
+                    _ => None,
+                },
+            ),
+        ];
+        for (field, chars) in asked_chars {
+            if let Some(chars) = chars.filter(|&c| c == 0 || c > MAX_CHARS_LIMIT) {
+                return Err(ValidationError::CharsOutOfRange { field, chars });
             }
+        }
+        if request.target.is_some() && request.target_chars.is_some() {
+            return Err(ValidationError::TwoTargets);
         }
         if request.is_constrained() && !self.length_aware && request.mode == LengthMode::Soft {
             return Err(ValidationError::NoLengthEncoding {
@@ -363,7 +471,9 @@ pub fn needs_prediction(request: &LengthRequest, length: &LengthModel) -> bool {
         && match request.target {
             Some(TargetLength::Auto) => true,
             Some(_) => false,
-            None => request.max_chars.is_some() || length.length_aware,
+            None => {
+                request.max_chars.is_some() || request.target_chars.is_some() || length.length_aware
+            }
         }
 }
 
@@ -389,15 +499,16 @@ pub const RUNAWAY_PULL: f32 = 2.0;
 /// so only a runaway far past it is pulled to an end.
 fn soft_rule(target: usize, source: Option<LengthSource>, limits: &RequestLimits) -> EosRule {
     match source {
-        Some(LengthSource::Request | LengthSource::Source | LengthSource::MaxChars)
-            if limits.length_pull > 0.0 =>
-        {
-            EosRule::Pull {
-                target,
-                tolerance: 1,
-                per_token: limits.length_pull,
-            }
-        }
+        Some(
+            LengthSource::Request
+            | LengthSource::Source
+            | LengthSource::MaxChars
+            | LengthSource::TargetChars,
+        ) if limits.length_pull > 0.0 => EosRule::Pull {
+            target,
+            tolerance: 1,
+            per_token: limits.length_pull,
+        },
         Some(LengthSource::Predictor | LengthSource::LinearFit) if limits.runaway_ratio > 0.0 => {
             EosRule::PullAfter {
                 after: (limits.runaway_ratio * target as f64).ceil() as usize + RUNAWAY_SLACK,
@@ -443,23 +554,7 @@ pub fn decode_input(
         max_output_tokens,
         target_length: length_aware.then_some(n),
         no_repeat_ngram_size: limits.no_repeat_ngram_size,
-    }
-}
-
-/// The plan of a second decode for a text whose translation under `plan` came out at
-/// `output_tokens` subwords and `chars` characters, over `max_chars`: proportionally fewer
-/// subwords, and at least one fewer than before.
-pub fn shorter_plan(
-    plan: &LengthPlan,
-    output_tokens: usize,
-    chars: usize,
-    max_chars: usize,
-) -> LengthPlan {
-    let scaled = output_tokens * max_chars / chars.max(1);
-    LengthPlan {
-        target: Some(scaled.clamp(1, output_tokens.saturating_sub(1).max(1))),
-        source: Some(LengthSource::MaxChars),
-        ..*plan
+        score: false,
     }
 }
 
@@ -531,6 +626,7 @@ mod tests {
             target,
             mode,
             max_chars,
+            target_chars: None,
         }
     }
 
@@ -546,7 +642,7 @@ mod tests {
                     "unsupported"
                 }
                 ValidationError::TargetLengthOutOfRange { .. }
-                | ValidationError::MaxCharsOutOfRange { .. } => "invalid_target_length",
+                | ValidationError::CharsOutOfRange { .. } => "invalid_target_length",
                 other => panic!("{other}"),
             })
         };

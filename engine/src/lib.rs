@@ -24,6 +24,7 @@
 //!   Runtime, the dev package's manifest and tokenizers.
 
 pub mod backend;
+pub mod char_length;
 pub mod contract;
 pub mod decode;
 pub mod error;

@@ -84,6 +84,21 @@ pub fn repeated_ngram_ends(ids: &[u32], n: usize) -> Vec<u32> {
         .collect()
 }
 
+/// The log-probability the softmax of `logits` gives `token` (a log-sum-exp over the row,
+/// shifted by its largest finite logit so that no exponent overflows).
+pub fn log_prob(logits: ArrayView1<'_, f32>, token: u32) -> f32 {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return f32::NEG_INFINITY;
+    }
+    let sum: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
+    logits[token as usize] - max - sum.ln()
+}
+
 /// Index of the largest logit other than `banned`; NaNs never win (an all-NaN row gives 0).
 pub fn argmax_except(logits: ArrayView1<'_, f32>, banned: Option<u32>) -> u32 {
     argmax_excluding(logits, banned, &[])
@@ -126,6 +141,23 @@ mod tests {
     use ndarray::array;
 
     const EOS: u32 = 2;
+
+    #[test]
+    fn log_prob_is_the_log_softmax() {
+        let logits = array![1.0f32, 2.0, 3.0];
+        let total: f32 = logits.iter().map(|v| v.exp()).sum();
+        for token in 0..3u32 {
+            let expected = (logits[token as usize].exp() / total).ln();
+            assert!((log_prob(logits.view(), token) - expected).abs() < 1e-6);
+        }
+        // Logits far past exp's range still give finite probabilities.
+        let huge = array![1000.0f32, 999.0];
+        assert!((log_prob(huge.view(), 1) - (1.0f32 / (1.0 + 1.0f32.exp())).ln()).abs() < 1e-5);
+        assert_eq!(
+            log_prob(array![f32::NAN, f32::NAN].view(), 0),
+            f32::NEG_INFINITY
+        );
+    }
 
     #[test]
     fn argmax_ignores_nan_and_prefers_the_first_maximum() {

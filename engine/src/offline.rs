@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::decode::{greedy_decode, SpecialIds};
 use crate::error::{EngineError, ValidationError};
-use crate::length::{LengthModel, LengthRequest};
+use crate::length::{LengthModel, LengthPlan, LengthRequest};
 use crate::limits::{model_input_limit, RequestLimits};
 use crate::onnx::{self, Device, OrtBackend, SessionOptions};
 use crate::package::{ModelPackage, TextCodec};
-use crate::pipeline::{Pipeline, Translation, ValidText};
+use crate::pipeline::{Attempts, Pipeline, Translation, ValidText};
 
 /// What a report says about a package.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -181,45 +181,54 @@ impl Engine {
         Ok(prepared.ids.len())
     }
 
-    /// One batch, then one more decode of the texts over their `max_chars`.
+    /// One batch: every text's rows decoded together (a row per candidate length for a
+    /// text with a character goal), a second round for the texts none of whose candidates
+    /// met their goal, then each text's translation from its rows.
     fn decode_batch(
         &mut self,
         batch: &[(usize, ValidText)],
     ) -> Result<Vec<Translation>, EngineError> {
-        let texts: Vec<&ValidText> = batch.iter().map(|(_, v)| v).collect();
-        let mut translations = self.decode(&texts)?;
-        let retries: Vec<(usize, ValidText)> = texts
+        let first: Vec<Vec<LengthPlan>> = batch
             .iter()
-            .zip(&translations)
-            .enumerate()
-            .filter_map(|(k, (t, tr))| self.pipeline.chars_retry(t, tr).map(|r| (k, r)))
+            .map(|(_, text)| self.pipeline.first_plans(text))
             .collect();
-        let mut retried: Vec<Option<Translation>> = vec![None; texts.len()];
-        if !retries.is_empty() {
-            let again: Vec<&ValidText> = retries.iter().map(|(_, r)| r).collect();
-            for ((k, _), translation) in retries.iter().zip(self.decode(&again)?) {
-                retried[*k] = Some(translation);
+        let mut attempts = self.decode_plans(batch, first)?;
+        let second = batch
+            .iter()
+            .zip(&attempts)
+            .map(|((index, text), a)| self.pipeline.second_round(*index, text, a))
+            .collect::<Result<Vec<_>, _>>()?;
+        if second.iter().any(|plans| !plans.is_empty()) {
+            for (a, more) in attempts.iter_mut().zip(self.decode_plans(batch, second)?) {
+                a.plans.extend(more.plans);
+                a.outputs.extend(more.outputs);
             }
         }
-        for (k, (text, translation)) in texts.iter().zip(&mut translations).enumerate() {
-            let index = batch[k].0;
-            self.pipeline
-                .fit_chars(index, text, translation, retried[k].take())?;
-        }
-        Ok(translations)
+        batch
+            .iter()
+            .zip(&attempts)
+            .map(|((index, text), a)| self.pipeline.finish(*index, text, a))
+            .collect()
     }
 
-    fn decode(&mut self, texts: &[&ValidText]) -> Result<Vec<Translation>, EngineError> {
-        let inputs: Vec<_> = texts
+    /// Decodes `plans[k]` of text `k` of the batch, all together.
+    fn decode_plans(
+        &mut self,
+        batch: &[(usize, ValidText)],
+        plans: Vec<Vec<LengthPlan>>,
+    ) -> Result<Vec<Attempts>, EngineError> {
+        let inputs: Vec<_> = batch
             .iter()
-            .map(|t| self.pipeline.decode_input(t))
+            .zip(&plans)
+            .flat_map(|((_, text), plans)| self.pipeline.rows_of(text, plans))
             .collect();
-        let outputs = greedy_decode(&mut self.backend, self.special, &inputs)?;
-        texts
-            .iter()
-            .zip(&outputs)
-            .enumerate()
-            .map(|(k, (t, output))| self.pipeline.translation(k, t, output))
-            .collect()
+        let mut outputs = greedy_decode(&mut self.backend, self.special, &inputs)?.into_iter();
+        Ok(plans
+            .into_iter()
+            .map(|plans| Attempts {
+                outputs: outputs.by_ref().take(plans.len()).collect(),
+                plans,
+            })
+            .collect())
     }
 }

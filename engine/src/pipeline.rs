@@ -9,6 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::BackendError;
+use crate::char_length::{sentence_end, Candidate, CharGoal};
 use crate::decode::{DecodeInput, DecodeOutput, StopReason};
 use crate::error::{EngineError, ValidationError};
 use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
@@ -55,6 +57,9 @@ pub struct ValidText {
     pub no_repeat_ngram_size: usize,
     /// The length it is decoded for; [`LengthPlan::FREE`] until [`Pipeline::set_plans`].
     pub plan: LengthPlan,
+    /// What its translation should measure in characters, if the request said: it is then
+    /// decoded at several lengths and the best candidate that complies is returned.
+    pub goal: Option<CharGoal>,
 }
 
 /// How one translation ended.
@@ -68,6 +73,24 @@ pub enum Outcome {
     /// Refused by validation (offline drivers, which score it as an empty translation; the
     /// server answers the request with the error instead).
     Refused,
+}
+
+/// A text's rows so far: the plans it was decoded under and, in the same order, what each
+/// gave.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attempts {
+    pub plans: Vec<LengthPlan>,
+    pub outputs: Vec<DecodeOutput>,
+}
+
+impl Attempts {
+    fn mismatch(&self, index: usize) -> EngineError {
+        EngineError::Decode(BackendError::Contract(format!(
+            "{} outputs for the {} rows of text {index}",
+            self.outputs.len(),
+            self.plans.len()
+        )))
+    }
 }
 
 /// One text's translation.
@@ -89,6 +112,10 @@ pub struct Translation {
     /// Longer than `max_chars`, so cut at the last word boundary that fits.
     pub truncated: bool,
     pub outcome: Outcome,
+    /// With a character goal, every length it was decoded at and which was returned; empty
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<Candidate>,
 }
 
 impl Translation {
@@ -104,6 +131,7 @@ impl Translation {
             length_mode: None,
             truncated: false,
             outcome: Outcome::Refused,
+            candidates: Vec::new(),
         }
     }
 }
@@ -218,6 +246,7 @@ impl Pipeline {
         Ok(ValidText {
             source_ids: source_ids(&ids, self.eos_id),
             source_tokens: ids.len(),
+            goal: length.char_goal(&text),
             text,
             restore,
             length,
@@ -303,14 +332,41 @@ impl Pipeline {
         Ok(())
     }
 
-    /// What the decode loop takes for `text` under its plan.
-    pub fn decode_input(&self, text: &ValidText) -> DecodeInput {
-        self.decode_input_for(text, &text.plan)
+    /// The plans `text` is decoded under first: its own, or with a character goal the
+    /// candidates around it.
+    pub fn first_plans(&self, text: &ValidText) -> Vec<LengthPlan> {
+        self.plans_for(text, &text.plan)
     }
 
-    /// What the decode loop takes for `text` under `plan` (admission checks a stand-in plan
-    /// before the real one is made).
-    pub fn decode_input_for(&self, text: &ValidText, plan: &LengthPlan) -> DecodeInput {
+    /// The rows the decode loop takes for `text` under `plans`, scored when the text has a
+    /// character goal.
+    pub fn rows_of(&self, text: &ValidText, plans: &[LengthPlan]) -> Vec<DecodeInput> {
+        plans
+            .iter()
+            .map(|p| DecodeInput {
+                score: text.goal.is_some(),
+                ..self.decode_input_for(text, p)
+            })
+            .collect()
+    }
+
+    /// The first rows of `text` under `plan` instead of its own (admission counts a
+    /// stand-in plan's rows before the real one is made).
+    pub fn rows_for(&self, text: &ValidText, plan: &LengthPlan) -> Vec<DecodeInput> {
+        self.rows_of(text, &self.plans_for(text, plan))
+    }
+
+    fn plans_for(&self, text: &ValidText, plan: &LengthPlan) -> Vec<LengthPlan> {
+        match &text.goal {
+            None => vec![*plan],
+            Some(goal) => {
+                goal.candidate_plans(plan, self.length.chars_per_subword, self.max_output())
+            }
+        }
+    }
+
+    /// What the decode loop takes for `text` under `plan`.
+    fn decode_input_for(&self, text: &ValidText, plan: &LengthPlan) -> DecodeInput {
         DecodeInput {
             no_repeat_ngram_size: text.no_repeat_ngram_size,
             ..length::decode_input(
@@ -325,11 +381,94 @@ impl Pipeline {
         }
     }
 
-    /// The translation of text `index` from what the decode loop produced for it.
-    pub fn translation(
+    /// The plans of a second round for text `index` when none of its candidates so far
+    /// meets its character goal ([`CharGoal::second_round`]); empty otherwise.
+    pub fn second_round(
         &self,
         index: usize,
         text: &ValidText,
+        attempts: &Attempts,
+    ) -> Result<Vec<LengthPlan>, EngineError> {
+        let Some(goal) = &text.goal else {
+            return Ok(Vec::new());
+        };
+        let (_, candidates) = self.candidates(index, text, goal, attempts)?;
+        Ok(goal.second_round(&attempts.plans, &candidates, self.max_output()))
+    }
+
+    /// The translation of text `index` from what its rows gave: with a character goal, the
+    /// candidate [`CharGoal::choose`] picks, cut at a word boundary if it is still over
+    /// `max_chars`.
+    pub fn finish(
+        &self,
+        index: usize,
+        text: &ValidText,
+        attempts: &Attempts,
+    ) -> Result<Translation, EngineError> {
+        let Some(goal) = &text.goal else {
+            let [plan] = attempts.plans.as_slice() else {
+                return Err(attempts.mismatch(index));
+            };
+            return self.translation(index, text, plan, &attempts.outputs[0]);
+        };
+        let (mut translations, mut candidates) = self.candidates(index, text, goal, attempts)?;
+        let exact = text.length.mode == LengthMode::Exact;
+        let chosen = goal.choose(&candidates, sentence_end(&text.text), exact);
+        candidates[chosen].chosen = true;
+        let mut translation = translations.swap_remove(chosen);
+        if let Some(max_chars) = goal.at_most {
+            self.cut(index, &mut translation, max_chars)?;
+        }
+        translation.candidates = candidates;
+        Ok(translation)
+    }
+
+    /// Each attempt's translation, and its candidate for `goal`.
+    fn candidates(
+        &self,
+        index: usize,
+        text: &ValidText,
+        goal: &CharGoal,
+        attempts: &Attempts,
+    ) -> Result<(Vec<Translation>, Vec<Candidate>), EngineError> {
+        if attempts.plans.len() != attempts.outputs.len() || attempts.plans.is_empty() {
+            return Err(attempts.mismatch(index));
+        }
+        let translations = attempts
+            .plans
+            .iter()
+            .zip(&attempts.outputs)
+            .map(|(plan, output)| self.translation(index, text, plan, output))
+            .collect::<Result<Vec<_>, _>>()?;
+        let candidates = translations
+            .iter()
+            .zip(&attempts.outputs)
+            .map(|(t, output)| {
+                // Exact mode ends every row at its length, which is its planned end.
+                let ended = t.outcome == Outcome::Eos || text.length.mode == LengthMode::Exact;
+                Candidate {
+                    target_length: t.target_length,
+                    characters: t.text.chars().count(),
+                    output_tokens: t.output_tokens,
+                    score: output.log_prob.unwrap_or(f64::NEG_INFINITY)
+                        / (t.output_tokens + usize::from(ended)).max(1) as f64,
+                    complies: goal.complies(&t.text),
+                    ended,
+                    chosen: false,
+                    text: t.text.clone(),
+                }
+            })
+            .collect();
+        Ok((translations, candidates))
+    }
+
+    /// The translation of text `index` from what the decode loop produced for it under
+    /// `plan`.
+    fn translation(
+        &self,
+        index: usize,
+        text: &ValidText,
+        plan: &LengthPlan,
         output: &DecodeOutput,
     ) -> Result<Translation, EngineError> {
         let detokenized = self
@@ -340,47 +479,26 @@ impl Pipeline {
             text: detokenized,
             source_tokens: text.source_tokens,
             output_tokens: output.ids.len(),
-            target_length: text.plan.target,
-            length_source: text.plan.source,
-            predicted_length: text.plan.predicted,
-            length_mode: text.plan.target.map(|_| text.length.mode),
+            target_length: plan.target,
+            length_source: plan.source,
+            predicted_length: plan.predicted,
+            length_mode: plan.target.map(|_| text.length.mode),
             truncated: false,
             outcome: match output.stop {
                 StopReason::Eos => Outcome::Eos,
                 StopReason::MaxLength => Outcome::Budget,
             },
+            candidates: Vec::new(),
         })
     }
 
-    /// For a translation over its `max_chars`, the same text planned for proportionally
-    /// fewer subwords: decode it once more, then give both to [`Pipeline::fit_chars`].
-    pub fn chars_retry(&self, text: &ValidText, translation: &Translation) -> Option<ValidText> {
-        let max_chars = text.length.max_chars?;
-        let chars = translation.text.chars().count();
-        (chars > max_chars).then(|| ValidText {
-            plan: length::shorter_plan(&text.plan, translation.output_tokens, chars, max_chars),
-            ..text.clone()
-        })
-    }
-
-    /// Meets `max_chars` for text `index`: keeps the retry (see [`Pipeline::chars_retry`])
-    /// when it is shorter, then cuts what is still over at the last word boundary that fits.
-    pub fn fit_chars(
+    /// Cuts a translation over `max_chars` at the last word boundary that fits.
+    fn cut(
         &self,
         index: usize,
-        text: &ValidText,
         translation: &mut Translation,
-        retried: Option<Translation>,
+        max_chars: usize,
     ) -> Result<(), EngineError> {
-        let Some(max_chars) = text.length.max_chars else {
-            return Ok(());
-        };
-        let chars = |t: &Translation| t.text.chars().count();
-        if let Some(retried) = retried {
-            if chars(&retried) < chars(translation) {
-                *translation = retried;
-            }
-        }
         if let Some(cut) = length::cut_to_chars(&translation.text, max_chars) {
             // The client is told the length of what it gets, not of what was decoded.
             translation.output_tokens = self
@@ -457,6 +575,7 @@ mod tests {
             target: Some(TargetLength::Tokens(2)),
             mode: LengthMode::Exact,
             max_chars: None,
+            target_chars: None,
         };
         let valid = p.validate(texts(&["hello world"]), exact, None).unwrap();
         assert_eq!(valid[0].source_ids, vec![4, 5, i64::from(SPECIAL.eos)]);
@@ -505,6 +624,7 @@ mod tests {
             target: Some(TargetLength::Tokens(4)),
             mode: LengthMode::Exact,
             max_chars: Some(9),
+            target_chars: None,
         };
         let mut texts = p
             .validate(vec!["one two three four".into()], ask, None)
@@ -515,19 +635,42 @@ mod tests {
             Some(2),
             "max_chars 9 caps the plan at 9/4 subwords"
         );
-        let output = DecodeOutput {
-            ids: vec![24, 25, 26, 27],
-            stop: StopReason::MaxLength,
+        let plans = p.first_plans(&texts[0]);
+        let rows = p.rows_of(&texts[0], &plans);
+        let targets: Vec<_> = rows.iter().map(|r| r.max_output_tokens).collect();
+        assert_eq!(
+            targets,
+            vec![2, 1],
+            "the cap's length and shorter candidates"
+        );
+        assert!(rows.iter().all(|r| r.score));
+        let output = |ids: Vec<u32>, stop| DecodeOutput {
+            ids,
+            stop,
+            log_prob: Some(-1.0),
         };
-        let mut translation = p.translation(0, &texts[0], &output).unwrap();
-        assert_eq!(translation.text, "one two three four");
-        let retry = p
-            .chars_retry(&texts[0], &translation)
-            .expect("over max_chars");
-        assert!(retry.plan.target.unwrap() < 4);
-        p.fit_chars(0, &texts[0], &mut translation, None).unwrap();
+        let outputs = [
+            output(vec![24, 25, 26, 27], StopReason::MaxLength),
+            output(vec![24, 25, 26], StopReason::Eos),
+        ];
+        let attempts = Attempts {
+            plans,
+            outputs: outputs.to_vec(),
+        };
+        let second = p.second_round(0, &texts[0], &attempts).unwrap();
+        assert!(
+            second.is_empty(),
+            "the candidates' own ratio asks for no new length: {second:?}"
+        );
+        let translation = p.finish(0, &texts[0], &attempts).unwrap();
+        // Nothing fits: the shortest candidate, cut.
         assert_eq!(translation.text, "one two");
         assert_eq!(translation.output_tokens, 2);
+        assert_eq!(translation.target_length, Some(1));
+        let chosen: Vec<_> = translation.candidates.iter().map(|c| c.chosen).collect();
+        assert_eq!(chosen, vec![false, true]);
+        assert_eq!(translation.candidates[1].text, "one two three");
+        assert_eq!(translation.candidates[1].score, -0.25);
         assert!(translation.truncated);
     }
 }

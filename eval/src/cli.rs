@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
-use nmt_engine::length::{LengthMode, TargetLength};
+use nmt_engine::length::{LengthMode, TargetChars, TargetLength};
 use nmt_engine::limits::DecodingArgs;
 use nmt_engine::onnx::Device;
 
@@ -90,9 +90,10 @@ pub struct Args {
     #[arg(long)]
     pub target_length: Option<EvalTargetLength>,
 
-    /// Multiplies the reference length of `--target-length reference` (0.8: a subtitle that
-    /// must be shorter than the natural translation).
-    #[arg(long, default_value_t = 1.0, requires = "target_length")]
+    /// Multiplies the reference's length wherever a flag says `reference` (0.8 with
+    /// `--max-chars reference`: a subtitle that must be shorter than the natural
+    /// translation).
+    #[arg(long, default_value_t = 1.0)]
     pub reference_length_scale: f64,
 
     /// How the target length is met, as a request's `length_mode`: `soft` (the length
@@ -101,9 +102,16 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = LengthMode::Soft)]
     pub length_mode: LengthMode,
 
-    /// At most this many characters per translation, as a request's `max_chars`.
-    #[arg(long)]
-    pub max_chars: Option<usize>,
+    /// At most this many characters per translation, as a request's `max_chars`, or
+    /// `reference`: the reference's characters times `--reference-length-scale`.
+    #[arg(long, value_parser = char_budget)]
+    pub max_chars: Option<EvalChars>,
+
+    /// About this many characters per translation, as a request's `target_chars`: a number,
+    /// `source` (isometric: the source's characters, spaces not counted), or `reference`
+    /// (the reference's characters, spaces counted, times `--reference-length-scale`).
+    #[arg(long, conflicts_with = "target_length")]
+    pub target_chars: Option<EvalChars>,
 
     /// Output directory: per package its hypotheses (`<label>/`), and report.json, report.md,
     /// bleu_by_length.png, length_ratio_by_length.png. Default: `runs/eval-<set>`.
@@ -152,6 +160,60 @@ pub struct Args {
     pub decoding: DecodingArgs,
 }
 
+/// `--target-chars` and `--max-chars`: what a request can ask ([`TargetChars`]), or the
+/// reference's characters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvalChars {
+    Ask(TargetChars),
+    /// The reference's characters, spaces counted (times `--reference-length-scale`).
+    Reference,
+}
+
+impl EvalChars {
+    /// Characters for a sentence whose reference has `reference_chars`.
+    pub fn chars(self, reference_chars: usize, scale: f64) -> TargetChars {
+        match self {
+            EvalChars::Ask(asked) => asked,
+            EvalChars::Reference => {
+                TargetChars::Chars((reference_chars as f64 * scale).round().max(1.0) as usize)
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for EvalChars {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "reference" => Ok(EvalChars::Reference),
+            other => other
+                .parse()
+                .map(EvalChars::Ask)
+                .map_err(|e| format!("{e}, or `reference`")),
+        }
+    }
+}
+
+impl std::fmt::Display for EvalChars {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            EvalChars::Ask(asked) => write!(f, "{asked}"),
+            EvalChars::Reference => f.write_str("reference"),
+        }
+    }
+}
+
+/// `--max-chars`: a number or `reference` (a budget has no `source`).
+fn char_budget(value: &str) -> Result<EvalChars, String> {
+    match value.parse()? {
+        EvalChars::Ask(TargetChars::Source) => {
+            Err("a character budget is a number or `reference`".into())
+        }
+        budget => Ok(budget),
+    }
+}
+
 /// `--target-length`: what a request can ask ([`TargetLength`], parsed by its own parser),
 /// or the reference's length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,6 +259,18 @@ mod tests {
         assert_eq!(args.bucket_edges, BucketEdges::default());
         let args = Args::try_parse_from(["nmt-eval", "--package", "p", "--bucket-edges", "32,64"]);
         assert_eq!(args.unwrap().bucket_edges.edges(), [32, 64]);
+        let chars = |flags: &[&str]| {
+            let args = [&["nmt-eval", "--package", "p"], flags].concat();
+            Args::try_parse_from(args)
+        };
+        let args = chars(&["--target-chars", "source", "--max-chars", "reference"]).unwrap();
+        assert_eq!(args.target_chars, Some(EvalChars::Ask(TargetChars::Source)));
+        assert_eq!(args.max_chars, Some(EvalChars::Reference));
+        assert!(
+            chars(&["--max-chars", "source"]).is_err(),
+            "max_chars has no source"
+        );
+        assert!(chars(&["--target-chars", "40", "--target-length", "9"]).is_err());
         for bad in ["", "0", "64,32", "32,32"] {
             let args = ["nmt-eval", "--package", "p", "--bucket-edges", bad];
             assert!(Args::try_parse_from(args).is_err(), "{bad:?}");

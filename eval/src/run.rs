@@ -10,7 +10,7 @@ use anyhow::{ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{Args, EvalTargetLength};
+use crate::cli::{Args, EvalChars, EvalTargetLength};
 use crate::data::{self, ConcatGroup, Parallel};
 use crate::report::{
     self, BucketPaired, BucketRow, Compared, ConcatPaired, ConcatRow, Decoding, PairedEntry,
@@ -19,7 +19,7 @@ use crate::report::{
 use crate::sacrebleu::{self, Job, PairedSystem, Signatures};
 use crate::saved;
 use crate::stats::{self, BucketEdges, Counts};
-use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetChars, TargetLength};
 use nmt_engine::{Engine, EngineOptions, Outcome, PackageInfo, Translation};
 
 /// The set to evaluate.
@@ -70,7 +70,8 @@ fn load_set(args: &Args) -> Result<EvalSet> {
 /// then be length-controlled.
 fn load_concat(args: &Args) -> Result<Option<ConcatSet>> {
     let default = args.corpus.join("test-concat.tsv");
-    let length_ask = args.target_length.is_some() || args.max_chars.is_some();
+    let length_ask =
+        args.target_length.is_some() || args.max_chars.is_some() || args.target_chars.is_some();
     let path = match &args.concat {
         _ if args.no_concat || length_ask => return Ok(None),
         Some(path) => path.clone(),
@@ -128,8 +129,11 @@ fn subwords(engine: &Engine, texts: &[String]) -> Result<Vec<usize>> {
     texts.iter().map(|t| engine.count_subwords(t)).collect()
 }
 
-/// Each test sentence's length ask, from `--target-length`, `--length-mode`, `--max-chars`.
+/// Each test sentence's length ask, from `--target-length`, `--length-mode`, `--max-chars`,
+/// `--target-chars`.
 fn length_requests(engine: &Engine, set: &EvalSet, args: &Args) -> Result<Vec<LengthRequest>> {
+    let scale = args.reference_length_scale;
+    let reference_chars = |i: usize| set.data.references[i].chars().count();
     let mode = args.length_mode;
     let references = match args.target_length {
         Some(EvalTargetLength::Reference) => subwords(engine, &set.data.references)?,
@@ -147,7 +151,16 @@ fn length_requests(engine: &Engine, set: &EvalSet, args: &Args) -> Result<Vec<Le
                 }
             }),
             mode,
-            max_chars: args.max_chars,
+            max_chars: args
+                .max_chars
+                .map(|m| match m.chars(reference_chars(i), scale) {
+                    TargetChars::Chars(n) => n,
+                    // `--max-chars` takes no `source` (cli::char_budget).
+                    TargetChars::Source => usize::MAX,
+                }),
+            target_chars: args
+                .target_chars
+                .map(|t| t.chars(reference_chars(i), scale)),
         })
         .collect())
 }
@@ -291,6 +304,7 @@ fn join_verses(indices: &[usize], verses: &[Option<Translation>]) -> Translation
         predicted_length: None,
         length_mode: None,
         truncated: false,
+        candidates: Vec::new(),
         outcome: if has(Outcome::Refused) {
             Outcome::Refused
         } else if has(Outcome::Budget) {
@@ -644,8 +658,21 @@ fn length_ask(args: &Args) -> Option<String> {
         )),
         None => {}
     }
-    if let Some(n) = args.max_chars {
-        fields.push(format!("`max_chars` {n}"));
+    let chars = |name: &str, asked: EvalChars| match asked {
+        EvalChars::Reference => format!(
+            "`{name}` = {} × the reference's characters",
+            args.reference_length_scale
+        ),
+        EvalChars::Ask(asked) => format!(
+            "`{name}` {}",
+            serde_json::to_string(&asked).expect("a length serializes")
+        ),
+    };
+    if let Some(asked) = args.max_chars {
+        fields.push(chars("max_chars", asked));
+    }
+    if let Some(asked) = args.target_chars {
+        fields.push(chars("target_chars", asked));
     }
     if fields.is_empty() {
         return None;
@@ -865,6 +892,7 @@ mod tests {
             predicted_length: None,
             length_mode: None,
             truncated: false,
+            candidates: Vec::new(),
         }
     }
 

@@ -283,6 +283,7 @@ mod tests {
             predicted_length: None,
             length_mode: None,
             truncated: false,
+            candidates: Vec::new(),
         }
     }
 

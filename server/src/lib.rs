@@ -31,6 +31,8 @@ pub mod testing;
 pub mod transport;
 
 pub use cli::Args;
-pub use service::{ApiError, Infer, ModelInfo, TranslateRequest, TranslateResponse, Translation};
+pub use service::{
+    ApiError, Infer, LengthCandidate, ModelInfo, TranslateRequest, TranslateResponse, Translation,
+};
 pub use startup::{load, run};
 pub use transport::http::app;

@@ -15,7 +15,7 @@ use nmt_server::testing::{self, CopyBackend};
 use nmt_server::transport::error::ErrorBody;
 use nmt_server::transport::http::compat::Api;
 use nmt_server::transport::http::{openapi_json, Models, REQUEST_ID};
-use nmt_server::{app, Infer, TranslateResponse, Translation};
+use nmt_server::{app, Infer, LengthCandidate, TranslateResponse, Translation};
 use tower::ServiceExt;
 
 fn limits() -> RequestLimits {
@@ -111,6 +111,7 @@ async fn translates_one_text_and_a_list_in_order() {
             length_mode: None,
             truncated: false,
             sentences: None,
+            length_candidates: None,
         }]
     );
 
@@ -745,7 +746,7 @@ async fn the_openapi_schemas_list_every_field_of_the_json_api() {
     let mut request = serde_json::json!({
         "text": "hello world", "model": "dev-copy", "target_length": 2,
         "length_mode": "exact", "max_chars": 40, "no_repeat_ngram_size": 3,
-        "split_sentences": false,
+        "split_sentences": false, "target_chars": null,
     });
     assert_eq!(documented(&schemas["TranslateRequest"]), keys(&request));
     let (status, json) = send(app.clone(), post_json(request.to_string())).await;
@@ -817,9 +818,16 @@ async fn every_json_answer_has_exactly_the_documented_fields_and_the_required_on
         length_mode: None,
         truncated: false,
         sentences: None,
+        length_candidates: None,
         ..full.clone()
     };
     check("Translation", &json(&full), &json(&bare));
+    let candidate = full.length_candidates.clone().unwrap().remove(0);
+    let bare_candidate = LengthCandidate {
+        target_length: None,
+        ..candidate.clone()
+    };
+    check("LengthCandidate", &json(&candidate), &json(&bare_candidate));
     let response = TranslateResponse {
         model: "dev-copy".into(),
         translations: vec![full],
@@ -946,6 +954,16 @@ fn every_field_set() -> Translation {
         length_mode: Some(LengthMode::Soft),
         truncated: true,
         sentences: Some(2),
+        length_candidates: Some(vec![LengthCandidate {
+            target_length: Some(1),
+            text: "hola".into(),
+            characters: 4,
+            output_tokens: 1,
+            score: -0.5,
+            complies: true,
+            ended: true,
+            chosen: true,
+        }]),
     }
 }
 
@@ -1062,6 +1080,7 @@ async fn split_sentences_refusals() {
     for body in [
         r#"{"text": "Hi. Bye.", "split_sentences": true, "target_length": 3}"#,
         r#"{"text": "Hi. Bye.", "split_sentences": true, "max_chars": 30}"#,
+        r#"{"text": "Hi. Bye.", "split_sentences": true, "target_chars": 30}"#,
         r#"{"text": "Hi. Bye.", "split_sentences": "yes"}"#,
     ] {
         let (status, json) = post(body).await;
@@ -1072,10 +1091,7 @@ async fn split_sentences_refusals() {
             "{body}: {message}"
         );
         if !body.contains("yes") {
-            assert!(
-                message.contains("target_length/max_chars apply to whole texts"),
-                "{message}"
-            );
+            assert!(message.contains("apply to whole texts"), "{message}");
         }
     }
     // Per-text "source" applies to each sentence.

@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{post_translate, shipped_package, start_server, translate_cli, wait_until_ready};
-use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetChars, TargetLength};
 use nmt_engine::onnx::Device;
 use nmt_engine::{Engine, EngineOptions, Outcome, RequestLimits, Translation};
 use serde_json::{json, Value};
@@ -34,6 +34,11 @@ fn asks() -> Vec<Ask> {
         target,
         mode,
         max_chars,
+        target_chars: None,
+    };
+    let chars = |target_chars| LengthRequest {
+        target_chars: Some(target_chars),
+        ..LengthRequest::default()
     };
     vec![
         Ask {
@@ -56,11 +61,22 @@ fn asks() -> Vec<Ask> {
             length: ask(Some(TargetLength::Auto), LengthMode::Soft, None),
             flags: vec!["--target-length", "auto"],
         },
-        // Short enough that the long texts are decoded again and cut.
+        // Short enough that the long texts are planned shorter (or cut).
         Ask {
             json: json!({ "max_chars": 30 }),
             length: ask(None, LengthMode::Soft, Some(30)),
             flags: vec!["--max-chars", "30"],
+        },
+        // Decoded at several lengths each, the candidates scored.
+        Ask {
+            json: json!({ "target_chars": 40 }),
+            length: chars(TargetChars::Chars(40)),
+            flags: vec!["--target-chars", "40"],
+        },
+        Ask {
+            json: json!({ "target_chars": "source" }),
+            length: chars(TargetChars::Source),
+            flags: vec!["--target-chars", "source"],
         },
     ]
 }
@@ -75,6 +91,8 @@ struct Fields {
     length_source: Option<String>,
     length_mode: Option<String>,
     truncated: bool,
+    /// The candidates' lengths and which was chosen.
+    candidates: Vec<(Option<u64>, bool)>,
 }
 
 fn from_server(t: &Value) -> Fields {
@@ -86,6 +104,14 @@ fn from_server(t: &Value) -> Fields {
         length_source: t["length_source"].as_str().map(str::to_string),
         length_mode: t["length_mode"].as_str().map(str::to_string),
         truncated: t["truncated"].as_bool().unwrap_or(false),
+        candidates: t["length_candidates"]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .map(|c| (c["target_length"].as_u64(), c["chosen"] == json!(true)))
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }
 
@@ -99,6 +125,11 @@ fn from_engine(t: &Translation) -> Fields {
         length_source: t.length_source.and_then(|s| name(json!(s))),
         length_mode: t.length_mode.and_then(|m| name(json!(m))),
         truncated: t.truncated,
+        candidates: t
+            .candidates
+            .iter()
+            .map(|c| (c.target_length.map(|n| n as u64), c.chosen))
+            .collect(),
     }
 }
 
@@ -134,7 +165,7 @@ async fn the_server_the_engine_and_nmt_translate_answer_alike() {
     };
     let mut engine = Engine::load(&package, &options).expect("the shipped package loads");
     let texts: Vec<String> = TEXTS.iter().map(|t| t.to_string()).collect();
-    let mut cuts = 0;
+    let mut decoded_at_several_lengths = 0;
     for ask in asks() {
         let mut body = ask.json.clone();
         body["text"] = json!(TEXTS);
@@ -164,7 +195,13 @@ async fn the_server_the_engine_and_nmt_translate_answer_alike() {
             "nmt-translate vs server for {}",
             ask.json
         );
-        cuts += served.iter().filter(|f| f.truncated).count();
+        if let Some(max_chars) = ask.length.max_chars {
+            assert!(served.iter().all(|f| f.text.chars().count() <= max_chars));
+        }
+        decoded_at_several_lengths += served.iter().filter(|f| f.candidates.len() > 1).count();
     }
-    assert!(cuts > 0, "max_chars 30 cut at least one translation");
+    assert!(
+        decoded_at_several_lengths > 0,
+        "character goals decode candidates"
+    );
 }

@@ -63,6 +63,7 @@ def test_every_tool_is_found() -> None:
         "nmt_tools.marian.fixture",
         "nmt_tools.studies.length_generalization",
         "nmt_tools.studies.length_study",
+        "nmt_tools.studies.char_length",
         "nmt_tools.studies.position_study",
         "nmt_tools.training.torch_train_bench",
     }

@@ -5,6 +5,7 @@ template syntax."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import study_fixture as fx
 from conftest import TESTS
 
-from nmt_tools.studies import length_generalization, length_study, position_study
+from nmt_tools.studies import char_length, length_generalization, length_study, position_study
 from nmt_tools.studies.template import Template
 
 GOLDEN = TESTS / "golden"
@@ -99,3 +100,49 @@ def test_copy_task_scores() -> None:
     assert exact == 0.5
     assert per_position == 4 / 5
     assert mean_length == 3.0
+
+
+def test_char_length_section_counts_compliance_and_replaces_itself(tmp_path: Path) -> None:
+    sources = ["In the beginning God created the heaven.", "Jesus wept."]
+    references = ["En el principio creó Dios los cielos.", "Y lloró Jesús."]
+    for name, texts, cut in [("default", ["En el principio Dios creó el cielo.", "Jesús lloró"], False)]:
+        write_char_run(tmp_path / name, texts, cut, candidates=False)
+    write_char_run(tmp_path / "isometric", ["En el principio creó Dios el cielo y la tierra.", "Lloró."], False)
+    page = tmp_path / "length-control.md"
+    page.write_text("# Length control\n\nbefore\n")
+    char_length.update(page, char_length.section(tmp_path, sources, references, "models/p"))
+    char_length.update(page, char_length.section(tmp_path, sources, references, "models/p"))
+    text = page.read_text()
+    assert text.count(char_length.BEGIN) == 1 and text.startswith("# Length control\n\nbefore\n")
+    # 28 against 34 source characters is outside ±10%; the 11-character verse is within.
+    default = next(line for line in text.splitlines() if line.startswith("| default request"))
+    assert "| 50.0% | – | 50.0% |" in default
+    iso = next(line for line in text.splitlines() if line.startswith("| isometric"))
+    assert "| 2.0 |" in iso, "two candidates a text"
+    assert "21→47*" in text
+    assert char_length.isometric_compliant("abc", "a much longer text than abc")
+
+
+def write_char_run(folder: Path, texts: list[str], cut: bool, candidates: bool = True) -> None:
+    """An nmt-eval report of one run, with its decoded translations."""
+    (folder / "p").mkdir(parents=True)
+    report = {
+        "systems": [
+            {
+                "label": "p",
+                "sentences_per_second": 10.0,
+                "overall": {"bleu": {"score": 20.0, "ci": 1.0}, "chrf": {"score": 40.0}},
+            }
+        ]
+    }
+    (folder / "report.json").write_text(json.dumps(report))
+    translations = []
+    for text in texts:
+        t: dict[str, object] = {"text": text, "truncated": cut}
+        if candidates:
+            t["candidates"] = [
+                {"target_length": 21, "characters": len(text), "complies": True, "chosen": True},
+                {"target_length": 30, "characters": 80, "complies": False, "chosen": False},
+            ]
+        translations.append(t)
+    (folder / "p" / "decoded.json").write_text(json.dumps({"decoded": {"translations": translations}}))

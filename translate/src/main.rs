@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use indicatif::ProgressBar;
 use model_package::Manifest;
-use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetChars, TargetLength};
 use nmt_engine::limits::DecodingArgs;
 use nmt_engine::onnx::Device;
 use nmt_engine::{Engine, EngineOptions};
@@ -73,11 +73,19 @@ struct Args {
     #[arg(long, value_enum, default_value_t = LengthMode::Soft)]
     length_mode: LengthMode,
 
-    /// At most this many characters per translation (spaces included): a shorter length is
-    /// planned, the line is decoded once more if it is still too long, then cut at a word
-    /// boundary, as nmt-server does.
+    /// At most this many characters per translation (spaces included): the line is decoded
+    /// at a few lengths under the budget and the best candidate that fits is kept (one that
+    /// ends as a sentence first), cut at a word boundary only when none fits, as nmt-server
+    /// does.
     #[arg(long)]
     max_chars: Option<usize>,
+
+    /// About this many characters per translation (within 10%, spaces counted), or `source`:
+    /// isometric, as many characters as the source line, spaces not counted (IWSLT 2022).
+    /// The line is decoded at several lengths and the best candidate that complies is kept,
+    /// as with a request's `target_chars`. Not with `--target-length`.
+    #[arg(long, conflicts_with = "target_length")]
+    target_chars: Option<TargetChars>,
 
     /// Catalogs: each translation at most this many times its msgid's characters (spaces
     /// included; at least 10 characters), planned for and cut like `--max-chars`, e.g. 1.3
@@ -174,6 +182,7 @@ fn run(args: &Args) -> Result<()> {
         target: args.target_length,
         mode: args.length_mode,
         max_chars: args.max_chars,
+        target_chars: args.target_chars,
     };
     let options = EngineOptions {
         device: args.device,

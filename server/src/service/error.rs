@@ -137,7 +137,8 @@ impl From<ValidationError> for ApiError {
             ValidationError::TooManyTexts { .. } => ApiError::TooManyTexts(message),
             ValidationError::InputTooLong { .. } => ApiError::InputTooLong(message),
             ValidationError::TargetLengthOutOfRange { .. }
-            | ValidationError::MaxCharsOutOfRange { .. } => ApiError::InvalidTargetLength(message),
+            | ValidationError::CharsOutOfRange { .. }
+            | ValidationError::TwoTargets => ApiError::InvalidTargetLength(message),
             ValidationError::NoLengthEncoding { .. } | ValidationError::NoPredictor { .. } => {
                 ApiError::Unsupported(message)
             }

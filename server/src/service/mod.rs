@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use nmt_engine::decode::StopReason;
-use nmt_engine::length::{LengthRequest, TargetLength};
+use nmt_engine::decode::{DecodeOutput, StopReason};
+use nmt_engine::length::{LengthPlan, LengthRequest, TargetChars, TargetLength};
 use nmt_engine::limits::LimitSource;
-use nmt_engine::pipeline::{Pipeline, Prediction, ValidText, PREDICTION_CHUNK};
+use nmt_engine::pipeline::{Attempts, Pipeline, Prediction, ValidText, PREDICTION_CHUNK};
 use nmt_engine::predictor::PREDICTOR_QUEUE_LIMIT;
 use nmt_engine::sentences::{self, Sentences};
 use nmt_engine::{EngineError, ValidationError};
@@ -28,12 +28,12 @@ use tracing::Instrument;
 pub use nmt_engine::limits::RequestLimits;
 
 use crate::metrics::{input_length_bucket, Metrics};
-use crate::scheduler::{Finished, Reservation, Translator};
+use crate::scheduler::{Finished, Reservation, SequenceResult, Translator};
 
 pub use error::ApiError;
 pub use types::{
-    ModelInfo, ModelLimits, PredictionKind, TranslateRequest, TranslateResponse, Translation,
-    Variant,
+    LengthCandidate, ModelInfo, ModelLimits, PredictionKind, TranslateRequest, TranslateResponse,
+    Translation, Variant,
 };
 
 /// One served model: the engine's pipeline for it, its worker, and what `/models` says.
@@ -114,6 +114,7 @@ fn join_sentences(
                 length_mode: parts.first().and_then(|t| t.length_mode),
                 truncated: parts.iter().any(|t| t.truncated),
                 sentences: Some(parts.len()),
+                length_candidates: None,
             }
         })
         .collect()
@@ -357,9 +358,14 @@ impl Infer {
         request: TranslateRequest,
     ) -> Result<ValidRequest<'a>, ApiError> {
         let length = request.length;
-        if matches!(length.target, Some(TargetLength::Tokens(_))) || length.max_chars.is_some() {
+        let whole_text_length = matches!(length.target, Some(TargetLength::Tokens(_)))
+            || matches!(length.target_chars, Some(TargetChars::Chars(_)))
+            || length.max_chars.is_some();
+        if whole_text_length {
             return Err(ApiError::InvalidRequest(
-                "target_length/max_chars apply to whole texts; not with split_sentences                  (target_length \"source\" and \"auto\" apply to each sentence)"
+                "a numeric target_length or target_chars and max_chars apply to whole texts; \
+                 not with split_sentences (target_length \"source\" and \"auto\", and \
+                 target_chars \"source\", apply to each sentence)"
                     .into(),
             ));
         }
@@ -451,15 +457,17 @@ impl Infer {
             // arriving together are judged one after the other (a timeout drops it).
             let reservation = self.reserve(&valid)?;
             self.plan_lengths(&mut valid).await?;
-            let finished = self
+            let decoded = self
                 .decode_reserved(model, reservation, &valid.texts)
                 .await?;
-            self.record(&valid, bucket, &finished);
+            self.record(&valid, bucket, &decoded);
+            let mut attempts = decoded.into_attempts();
+            self.second_round(model, &valid.texts, &mut attempts)
+                .await?;
             let span = tracing::info_span!("detokenize");
-            let translations = async { self.respond(model, &valid.texts, finished) }
+            let translations = async { self.respond(model, &valid.texts, &attempts) }
                 .instrument(span)
                 .await?;
-            let translations = self.fit_chars(&valid, translations).await?;
             let translations = match &valid.split {
                 None => translations.into_iter().map(Translation::from).collect(),
                 Some(split) => join_sentences(split, translations),
@@ -560,65 +568,68 @@ impl Infer {
             .texts
             .iter()
             .zip(pipeline.fit(&valid.texts))
-            .map(|(t, fit)| pipeline.decode_input_for(t, &pipeline.plan(t, fit)))
+            .flat_map(|(t, fit)| pipeline.rows_for(t, &pipeline.plan(t, fit)))
             .collect();
         Ok(valid.model.translator.reserve(&stand_in)?)
     }
 
-    /// Sends reserved `texts` under their plans to the model and waits for it.
+    /// Sends the first rows of reserved `texts` to the model and waits for it.
     async fn decode_reserved(
         &self,
         model: &Model,
         reservation: Reservation,
         texts: &[ValidText],
-    ) -> Result<Finished, ApiError> {
+    ) -> Result<Decoded, ApiError> {
+        let plans: Vec<Vec<LengthPlan>> = texts
+            .iter()
+            .map(|t| model.pipeline.first_plans(t))
+            .collect();
         let inputs = texts
             .iter()
-            .map(|t| model.pipeline.decode_input(t))
+            .zip(&plans)
+            .flat_map(|(t, p)| model.pipeline.rows_of(t, p))
             .collect();
-        Ok(model.translator.decode(reservation, inputs).await?)
+        let finished = model.translator.decode(reservation, inputs).await?;
+        Ok(Decoded { finished, plans })
     }
 
-    /// Queues `texts` under their plans and waits for the model.
-    async fn decode(&self, model: &Model, texts: &[ValidText]) -> Result<Finished, ApiError> {
-        let inputs = texts
-            .iter()
-            .map(|t| model.pipeline.decode_input(t))
-            .collect();
-        Ok(model.translator.translate(inputs).await?)
-    }
-
-    /// Meets `max_chars`: texts over it are decoded once more for proportionally fewer
-    /// subwords, and whatever is still over is cut at the last word boundary that fits.
-    async fn fit_chars(
+    /// Decodes a second round for the texts none of whose candidates met their character
+    /// goal, and adds it to their attempts. Past the door's reservation, as a request's
+    /// own follow-up: only texts with a character goal ever have one.
+    async fn second_round(
         &self,
-        valid: &ValidRequest<'_>,
-        mut translations: Vec<nmt_engine::Translation>,
-    ) -> Result<Vec<nmt_engine::Translation>, ApiError> {
-        let pipeline = &valid.model.pipeline;
-        let (over, retries): (Vec<usize>, Vec<ValidText>) = valid
-            .texts
+        model: &Model,
+        texts: &[ValidText],
+        attempts: &mut [Attempts],
+    ) -> Result<(), ApiError> {
+        let pipeline = &model.pipeline;
+        let second = texts
             .iter()
-            .zip(&translations)
+            .zip(attempts.iter())
             .enumerate()
-            .filter_map(|(i, (t, tr))| pipeline.chars_retry(t, tr).map(|r| (i, r)))
-            .unzip();
-        let mut retried: Vec<Option<nmt_engine::Translation>> = vec![None; translations.len()];
-        if !retries.is_empty() {
-            let finished = self.decode(valid.model, &retries).await?;
-            for ((&i, text), sequence) in over.iter().zip(&retries).zip(&finished.sequences) {
-                retried[i] = Some(pipeline.translation(i, text, &sequence.output)?);
-            }
+            .map(|(i, (t, a))| pipeline.second_round(i, t, a))
+            .collect::<Result<Vec<_>, _>>()?;
+        if second.iter().all(Vec::is_empty) {
+            return Ok(());
         }
-        for (i, (text, translation)) in valid.texts.iter().zip(&mut translations).enumerate() {
-            pipeline.fit_chars(i, text, translation, retried[i].take())?;
+        let inputs = texts
+            .iter()
+            .zip(&second)
+            .flat_map(|(t, p)| pipeline.rows_of(t, p))
+            .collect();
+        let finished = model.translator.translate(inputs).await?;
+        let mut outputs = finished.sequences.into_iter().map(|s| s.output);
+        for (a, plans) in attempts.iter_mut().zip(second) {
+            a.outputs.extend(outputs.by_ref().take(plans.len()));
+            a.plans.extend(plans);
         }
-        Ok(translations)
+        Ok(())
     }
 
-    fn record(&self, valid: &ValidRequest<'_>, bucket: &str, finished: &Finished) {
+    fn record(&self, valid: &ValidRequest<'_>, bucket: &str, decoded: &Decoded) {
         let metrics = &self.inner.metrics;
         let name = valid.model.name();
+        let finished = &decoded.finished;
         metrics
             .queue_duration
             .with_label_values(&[name, bucket])
@@ -627,44 +638,79 @@ impl Infer {
             .inference_duration
             .with_label_values(&[name, bucket])
             .observe(finished.inference_time.as_secs_f64());
-        for (sequence, text) in finished.sequences.iter().zip(&valid.texts) {
-            let produced = sequence.output.ids.len();
-            metrics
-                .output_length
-                .with_label_values(&[name])
-                .observe(produced as f64);
-            if produced > 0 {
+        for (text, rows) in valid.texts.iter().zip(decoded.per_text()) {
+            for sequence in rows {
+                let produced = sequence.output.ids.len();
                 metrics
-                    .time_per_output_token
-                    .with_label_values(&[name, input_length_bucket(text.source_tokens)])
-                    .observe(sequence.decode_time.as_secs_f64() / produced as f64);
+                    .output_length
+                    .with_label_values(&[name])
+                    .observe(produced as f64);
+                if produced > 0 {
+                    metrics
+                        .time_per_output_token
+                        .with_label_values(&[name, input_length_bucket(text.source_tokens)])
+                        .observe(sequence.decode_time.as_secs_f64() / produced as f64);
+                }
             }
-            if let Some(asked) = text.plan.target {
+            // A text decoded at several lengths has no one length asked.
+            if let ([sequence], Some(asked)) = (rows, text.plan.target) {
                 metrics
                     .length_deviation
                     .with_label_values(&[name])
-                    .observe(produced as f64 - asked as f64);
+                    .observe(sequence.output.ids.len() as f64 - asked as f64);
             }
         }
     }
 
-    /// Each text's translation from what the model produced.
+    /// Each text's translation from what its rows gave.
     fn respond(
         &self,
         model: &Model,
         texts: &[ValidText],
-        finished: Finished,
+        attempts: &[Attempts],
     ) -> Result<Vec<nmt_engine::Translation>, ApiError> {
-        finished
-            .sequences
+        texts
             .iter()
-            .zip(texts)
+            .zip(attempts)
             .enumerate()
-            .map(|(i, (sequence, text))| {
-                if sequence.output.stop == StopReason::MaxLength && text.plan.target.is_none() {
+            .map(|(i, (text, a))| {
+                let budget = |o: &DecodeOutput| o.stop == StopReason::MaxLength;
+                if a.outputs.len() == 1 && budget(&a.outputs[0]) && text.plan.target.is_none() {
                     tracing::debug!(text = i, "stopped at the length bound without EOS");
                 }
-                Ok(model.pipeline.translation(i, text, &sequence.output)?)
+                Ok(model.pipeline.finish(i, text, a)?)
+            })
+            .collect()
+    }
+}
+
+/// What the model produced for a request: a row per text, or per candidate length of a text
+/// with a character goal.
+struct Decoded {
+    finished: Finished,
+    /// Each text's plans, one per row, in row order.
+    plans: Vec<Vec<LengthPlan>>,
+}
+
+impl Decoded {
+    /// Each text's rows, in text order.
+    fn per_text(&self) -> impl Iterator<Item = &[SequenceResult]> {
+        let mut rest = self.finished.sequences.as_slice();
+        self.plans.iter().map(move |plans| {
+            let (mine, after) = rest.split_at(plans.len().min(rest.len()));
+            rest = after;
+            mine
+        })
+    }
+
+    /// Each text's attempts: its plans and what they gave.
+    fn into_attempts(self) -> Vec<Attempts> {
+        let mut outputs = self.finished.sequences.into_iter().map(|s| s.output);
+        self.plans
+            .into_iter()
+            .map(|plans| Attempts {
+                outputs: outputs.by_ref().take(plans.len()).collect(),
+                plans,
             })
             .collect()
     }

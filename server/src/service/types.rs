@@ -63,6 +63,49 @@ pub struct Translation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub sentences: Option<usize>,
+    /// With `target_chars` or `max_chars`: every length the text was decoded at, the one
+    /// returned marked `chosen`; absent otherwise (and with `split_sentences`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub length_candidates: Option<Vec<LengthCandidate>>,
+}
+
+/// One length a text was decoded at for a character goal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LengthCandidate {
+    /// The target length it was decoded for, in subword tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub target_length: Option<usize>,
+    /// The candidate translation, before any `max_chars` cut.
+    pub text: String,
+    /// Its characters, spaces counted.
+    pub characters: usize,
+    /// Subword tokens generated.
+    pub output_tokens: usize,
+    /// The model's mean log-probability per token (EOS included): higher is likelier.
+    pub score: f64,
+    /// It meets the request's character goal.
+    pub complies: bool,
+    /// The model ended it (not its token budget).
+    pub ended: bool,
+    /// It is the translation returned.
+    pub chosen: bool,
+}
+
+impl From<nmt_engine::char_length::Candidate> for LengthCandidate {
+    fn from(c: nmt_engine::char_length::Candidate) -> Self {
+        LengthCandidate {
+            target_length: c.target_length,
+            text: c.text,
+            characters: c.characters,
+            output_tokens: c.output_tokens,
+            score: c.score,
+            complies: c.complies,
+            ended: c.ended,
+            chosen: c.chosen,
+        }
+    }
 }
 
 impl From<nmt_engine::Translation> for Translation {
@@ -77,6 +120,12 @@ impl From<nmt_engine::Translation> for Translation {
             length_mode: t.length_mode,
             truncated: t.truncated,
             sentences: None,
+            length_candidates: (!t.candidates.is_empty()).then(|| {
+                t.candidates
+                    .into_iter()
+                    .map(LengthCandidate::from)
+                    .collect()
+            }),
         }
     }
 }

@@ -1,9 +1,10 @@
 //! The gRPC messages to and from the service's request and answer.
 
 use crate::service::{ApiError, TranslateRequest, TranslateResponse};
-use nmt_engine::length::{LengthMode, LengthRequest, LengthSource, TargetLength};
+use nmt_engine::length::{LengthMode, LengthRequest, LengthSource, TargetChars, TargetLength};
 
 use super::proto;
+use proto::translate_request::TargetChars as ProtoTargetChars;
 use proto::translate_request::TargetLength as ProtoTargetLength;
 use proto::TargetLengthMode;
 
@@ -31,6 +32,11 @@ pub fn from_proto(request: proto::TranslateRequest) -> Result<TranslateRequest, 
             )))
         }
     };
+    let target_chars = match request.target_chars {
+        None | Some(ProtoTargetChars::SourceChars(false)) => None,
+        Some(ProtoTargetChars::SourceChars(true)) => Some(TargetChars::Source),
+        Some(ProtoTargetChars::Chars(n)) => Some(TargetChars::Chars(n as usize)),
+    };
     Ok(TranslateRequest {
         texts: request.text,
         model: request.model,
@@ -38,6 +44,7 @@ pub fn from_proto(request: proto::TranslateRequest) -> Result<TranslateRequest, 
             target: target_length,
             mode,
             max_chars: request.max_chars.map(|n| n as usize),
+            target_chars,
         },
         no_repeat_ngram_size: request.no_repeat_ngram_size.map(|n| n as usize),
         split_sentences: false,
@@ -65,6 +72,7 @@ pub fn to_proto(response: TranslateResponse) -> proto::TranslateResponse {
                         LengthSource::Predictor => proto::LengthSource::Predictor,
                         LengthSource::LinearFit => proto::LengthSource::LinearFit,
                         LengthSource::MaxChars => proto::LengthSource::MaxChars,
+                        LengthSource::TargetChars => proto::LengthSource::TargetChars,
                     }) as i32,
                 predicted_length: t.predicted_length,
                 length_mode: t
@@ -74,6 +82,21 @@ pub fn to_proto(response: TranslateResponse) -> proto::TranslateResponse {
                         LengthMode::Exact => proto::LengthMode::Exact,
                     }) as i32,
                 truncated: t.truncated,
+                length_candidates: t
+                    .length_candidates
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| proto::LengthCandidate {
+                        target_length: c.target_length.map(count),
+                        text: c.text,
+                        characters: count(c.characters),
+                        output_tokens: count(c.output_tokens),
+                        score: c.score,
+                        complies: c.complies,
+                        ended: c.ended,
+                        chosen: c.chosen,
+                    })
+                    .collect(),
             })
             .collect(),
     }

@@ -15,7 +15,7 @@ use utoipa::{IntoResponses, PartialSchema, ToResponse, ToSchema};
 use crate::service::schema::LengthModeSchema;
 use crate::service::{ModelInfo, TranslateRequest};
 use crate::transport::error::ErrorBody;
-use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetChars, TargetLength};
 
 /// `text` is a single string or a list of strings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,6 +100,33 @@ impl ToSchema for TargetLengthSchema {
     }
 }
 
+/// The schema of `target_chars` ([`TargetChars`]): a positive integer or `"source"`.
+pub struct TargetCharsSchema;
+
+impl PartialSchema for TargetCharsSchema {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(1))
+                    .maximum(Some(100_000)),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some([TargetLength::SOURCE])),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for TargetCharsSchema {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "TargetChars".into()
+    }
+}
+
 /// Body of `POST /translate`: a JSON object (serde would also accept an array for a
 /// derived struct; the API does not).
 pub struct TranslateBody(pub TranslateRequest);
@@ -128,14 +155,27 @@ pub struct TranslateFields {
     #[serde(default, deserialize_with = "word_enum")]
     #[schema(value_type = Option<LengthModeSchema>, default = "soft")]
     length_mode: Option<LengthMode>,
-    /// At most this many characters per translation: mapped to subwords with the model's
-    /// characters per subword (the natural length is kept when shorter), checked after
-    /// detokenization; a translation still longer is decoded once more for fewer subwords,
-    /// then cut at the last word boundary that fits (`truncated`: true).
+    /// At most this many characters per translation. The text is decoded at a few lengths
+    /// at or under the budget (its natural length when shorter, and sentences planned
+    /// shorter), as rows of the same batch, and the candidate the model scores best among
+    /// those that fit is returned, one that ends as the source does (a sentence) first; only
+    /// when none fits is the shortest cut at the last word boundary that fits (`truncated`:
+    /// true). `length_candidates` shows them all.
     // The maximum is `length::MAX_CHARS_LIMIT` (utoipa takes only a literal; a test compares).
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100000)]
     max_chars: Option<usize>,
+    /// About this many characters per translation (within ±10%, spaces counted), or
+    /// `"source"`: isometric, about as many characters as the source, spaces not counted on
+    /// either side (the IWSLT 2022 isometric task's rule: within ±10%, or either side under
+    /// 10 characters). The text is decoded at its natural length and at five lengths around
+    /// the characters' estimate in subwords, as rows of the same batch, and the candidate
+    /// the model scores best (mean log-probability per token) among those that comply is
+    /// returned; the nearest when none does. `length_candidates` shows them all. Not with
+    /// `target_length` (422 `invalid_target_length`). Costs a row per candidate.
+    #[serde(default)]
+    #[schema(value_type = Option<TargetCharsSchema>)]
+    target_chars: Option<TargetChars>,
     /// No n-gram of this many subword tokens appears twice in a translation: a token that
     /// would repeat one gives way to the model's next choice (CTranslate2's and Hugging
     /// Face's option of this name). 0 turns it off; absent, the server's
@@ -149,9 +189,9 @@ pub struct TranslateFields {
     /// and join the translations with the text's own whitespace between sentences. Still
     /// one translation per text, with `sentences`, the count. `--max-input-tokens` then
     /// applies to each sentence, and a request may hold at most 16 times
-    /// `--max-texts-per-request` sentences (413 `too_many_texts`). `target_length` numbers and
-    /// `max_chars` apply to whole texts, so they are refused with it (422
-    /// `invalid_request`); `"source"` and `"auto"` apply to each sentence.
+    /// `--max-texts-per-request` sentences (413 `too_many_texts`). Numbers in `target_length` or
+    /// `target_chars`, and `max_chars`, apply to whole texts, so they are refused with it
+    /// (422 `invalid_request`); `"source"` and `"auto"` apply to each sentence.
     #[serde(default)]
     #[schema(default = false)]
     split_sentences: Option<bool>,
@@ -191,7 +231,8 @@ impl<'de> Deserialize<'de> for TranslateBody {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
                     "a JSON object with `text` and optionally `model`, `target_length`, \
-                     `length_mode`, `max_chars`, `no_repeat_ngram_size` and `split_sentences`",
+                     `length_mode`, `max_chars`, `target_chars`, `no_repeat_ngram_size` and \
+                     `split_sentences`",
                 )
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
@@ -204,6 +245,7 @@ impl<'de> Deserialize<'de> for TranslateBody {
                         target: fields.target_length,
                         mode: fields.length_mode.unwrap_or_default(),
                         max_chars: fields.max_chars,
+                        target_chars: fields.target_chars,
                     },
                     no_repeat_ngram_size: fields.no_repeat_ngram_size,
                     split_sentences: fields.split_sentences.unwrap_or(false),

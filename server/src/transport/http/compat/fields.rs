@@ -22,8 +22,8 @@ use utoipa::{PartialSchema, ToSchema};
 
 use crate::service::schema::LengthModeSchema;
 use crate::service::{ApiError, Infer};
-use crate::transport::http::types::TargetLengthSchema;
-use nmt_engine::length::{LengthMode, LengthRequest, TargetLength};
+use crate::transport::http::types::{TargetCharsSchema, TargetLengthSchema};
+use nmt_engine::length::{LengthMode, LengthRequest, TargetChars, TargetLength};
 
 /// The request's fields as one JSON object: the JSON body's, or the form body's and then the
 /// query string's (a field in the body wins over the same field in the query).
@@ -137,6 +137,10 @@ pub struct Extras {
     #[serde(default, deserialize_with = "json_or_form")]
     #[schema(minimum = 1, maximum = 100000)]
     max_chars: Option<usize>,
+    /// As in `POST /translate`: about this many characters, or `"source"` (isometric).
+    #[serde(default, deserialize_with = "json_or_form")]
+    #[schema(value_type = Option<TargetCharsSchema>)]
+    target_chars: Option<TargetChars>,
 }
 
 impl Extras {
@@ -149,6 +153,7 @@ impl Extras {
             target: self.target_length,
             mode: self.length_mode.unwrap_or_default(),
             max_chars: self.max_chars,
+            target_chars: self.target_chars,
         }
     }
 }

@@ -1,0 +1,477 @@
+//! Lengths in characters, met by n-best over lengths: a text with a character goal
+//! (`target_chars`, isometric, `max_chars`) is decoded at a few target lengths in subwords as
+//! rows of the same batch, and the candidate the model scores best among those that meet the
+//! goal is returned (as the IWSLT 2022 isometric systems did). Characters are mapped to the
+//! decoder's length input by what the model produced, not by a fixed ratio: the ratio only
+//! places the candidates.
+
+use serde::{Deserialize, Serialize};
+
+use crate::length::{LengthPlan, LengthSource};
+
+/// Relative tolerance of a character length asked for: IWSLT 2022's length compliance
+/// (±10%).
+pub const CHAR_TOLERANCE: f64 = 0.10;
+
+/// Under this many characters on either side an isometric pair complies whatever its
+/// lengths (IWSLT 2022's `isometric_slt_stat.py`).
+pub const ISOMETRIC_SHORT: usize = 10;
+
+/// Candidate lengths around the subword estimate of a character length: the estimate is a
+/// mean ratio, and a sentence's own ratio strays ±20% from it.
+const ABOUT_FACTORS: [f64; 5] = [0.8, 0.9, 1.0, 1.1, 1.2];
+
+/// Candidate lengths under a `max_chars` cap: the cap's own estimate and shorter sentences,
+/// so that one that fits can end as a sentence instead of being cut.
+const AT_MOST_FACTORS: [f64; 5] = [1.0, 0.9, 0.8, 0.7, 0.6];
+
+/// A second round's lengths around the sentence's own estimate: it is closer than the
+/// first round's, and the model lands a little short or long of a length asked.
+const SECOND_ROUND_ABOUT: [f64; 4] = [0.95, 1.0, 1.05, 1.1];
+
+/// A second round's lengths under a cap at the sentence's own ratio.
+const SECOND_ROUND_AT_MOST: [f64; 4] = [1.0, 0.9, 0.8, 0.7];
+
+/// What a text's translation should measure in characters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CharGoal {
+    pub about: Option<About>,
+    /// At most this many characters, spaces counted (`max_chars`).
+    pub at_most: Option<usize>,
+}
+
+/// A character length asked for, met within [`CHAR_TOLERANCE`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct About {
+    /// Characters wanted, counted as `spaces_count` says.
+    pub chars: usize,
+    /// Spaces are counted (`target_chars`); IWSLT's isometric rule does not count them.
+    pub spaces_count: bool,
+    /// Characters per counted character in the source (1 when spaces count): turns a count
+    /// without spaces into one with them, which the subword estimate is made in.
+    pub spaced_per_counted: f64,
+    /// IWSLT's rule for short pairs applies.
+    pub isometric: bool,
+}
+
+impl About {
+    /// `target_chars: N`: about N characters, spaces counted.
+    pub fn chars(n: usize) -> About {
+        About {
+            chars: n,
+            spaces_count: true,
+            spaced_per_counted: 1.0,
+            isometric: false,
+        }
+    }
+
+    /// `target_chars: "source"`: the source's characters without spaces (IWSLT 2022).
+    pub fn isometric(source: &str) -> About {
+        let counted = count(source, false);
+        About {
+            chars: counted,
+            spaces_count: false,
+            spaced_per_counted: source.chars().count() as f64 / counted.max(1) as f64,
+            isometric: true,
+        }
+    }
+
+    fn measure(&self, text: &str) -> usize {
+        count(text, self.spaces_count)
+    }
+
+    /// How far `text` is outside the tolerance, relative to the length asked (0 within).
+    fn miss(&self, text: &str) -> f64 {
+        let n = self.measure(text);
+        if self.isometric && (n < ISOMETRIC_SHORT || self.chars < ISOMETRIC_SHORT) {
+            return 0.0;
+        }
+        let wanted = self.chars as f64;
+        let allowed = (CHAR_TOLERANCE * wanted).max(1.0);
+        ((n as f64 - wanted).abs() - allowed).max(0.0) / wanted.max(1.0)
+    }
+
+    /// How far `text` is from the length asked, relative to it.
+    fn distance(&self, text: &str) -> f64 {
+        (self.measure(text) as f64 - self.chars as f64).abs() / (self.chars.max(1) as f64)
+    }
+
+    /// The characters wanted, spaces counted.
+    fn spaced_chars(&self) -> f64 {
+        self.chars as f64 * self.spaced_per_counted
+    }
+}
+
+/// Characters of `text`, whitespace left out unless `spaces_count`.
+pub fn count(text: &str, spaces_count: bool) -> usize {
+    text.chars()
+        .filter(|c| spaces_count || !c.is_whitespace())
+        .count()
+}
+
+impl CharGoal {
+    /// Whether `text` meets the goal.
+    pub fn complies(&self, text: &str) -> bool {
+        self.at_most.is_none_or(|max| text.chars().count() <= max)
+            && self.about.is_none_or(|about| about.miss(text) == 0.0)
+    }
+
+    /// The plans to decode: `natural` (the text's plan without the goal) where it could
+    /// comply, and lengths around the goal's estimate in subwords, `chars_per_subword`
+    /// apart from the model's mean. Distinct targets, never above `max_output`.
+    pub fn candidate_plans(
+        &self,
+        natural: &LengthPlan,
+        chars_per_subword: f64,
+        max_output: usize,
+    ) -> Vec<LengthPlan> {
+        let to_subwords = |chars: f64| chars / chars_per_subword;
+        let (center, factors, source) = match (self.about, self.at_most) {
+            (Some(about), at_most) => {
+                let wanted = at_most.map_or(about.spaced_chars(), |max| {
+                    about.spaced_chars().min(max as f64)
+                });
+                (
+                    to_subwords(wanted),
+                    ABOUT_FACTORS,
+                    LengthSource::TargetChars,
+                )
+            }
+            (None, Some(max)) => (
+                to_subwords(max as f64),
+                AT_MOST_FACTORS,
+                LengthSource::MaxChars,
+            ),
+            (None, None) => return vec![*natural],
+        };
+        let mut plans = Vec::with_capacity(factors.len() + 1);
+        // The natural length first: when it complies, the translation is the one the text
+        // gets without a goal.
+        let widest = factors.iter().copied().fold(1.0, f64::max);
+        if natural
+            .target
+            .is_none_or(|t| (t as f64) <= center * widest + 1.0)
+        {
+            plans.push(*natural);
+        }
+        add_around(
+            &mut plans,
+            center,
+            &factors,
+            source,
+            natural.predicted,
+            max_output,
+        );
+        plans
+    }
+
+    /// A second round's plans when none of the first round's `candidates` (decoded under
+    /// `tried`) complies: lengths around the goal at this sentence's own characters per
+    /// subword, measured on the candidate nearest the goal (the model's mean ratio placed
+    /// the first round; a sentence of names or numbers strays far from it). Empty when one
+    /// complies or nothing was measured.
+    pub fn second_round(
+        &self,
+        tried: &[LengthPlan],
+        candidates: &[Candidate],
+        max_output: usize,
+    ) -> Vec<LengthPlan> {
+        if candidates.iter().any(|c| c.complies && c.ended) {
+            return Vec::new();
+        }
+        let (wanted, nearest, factors, source) = match (self.about, self.at_most) {
+            (Some(about), _) => (
+                about.chars as f64,
+                candidates
+                    .iter()
+                    .min_by(|a, b| about.distance(&a.text).total_cmp(&about.distance(&b.text))),
+                SECOND_ROUND_ABOUT,
+                LengthSource::TargetChars,
+            ),
+            (None, Some(max)) => (
+                max as f64,
+                candidates.iter().min_by_key(|c| c.characters),
+                SECOND_ROUND_AT_MOST,
+                LengthSource::MaxChars,
+            ),
+            (None, None) => return Vec::new(),
+        };
+        let Some(nearest) = nearest else {
+            return Vec::new();
+        };
+        let measured = match self.about {
+            Some(about) => about.measure(&nearest.text),
+            None => nearest.characters,
+        };
+        if measured == 0 || nearest.output_tokens == 0 {
+            return Vec::new();
+        }
+        let center = wanted * nearest.output_tokens as f64 / measured as f64;
+        let mut plans = tried.to_vec();
+        let predicted = tried.first().and_then(|p| p.predicted);
+        add_around(&mut plans, center, &factors, source, predicted, max_output);
+        plans.split_off(tried.len())
+    }
+
+    /// Which of `candidates` to return: among those that end (EOS) and comply, the model's
+    /// best by mean log-probability per token, those ending as the source does first under
+    /// a cap alone (a subtitle should read as a sentence); else the nearest miss (under a
+    /// cap, the shortest, which the caller cuts). `exact`: the rows were cut at their
+    /// lengths, so no score saw their ends; the longest under a cap wins instead, the
+    /// nearest to the length asked otherwise.
+    pub fn choose(
+        &self,
+        candidates: &[Candidate],
+        source_ending: Option<char>,
+        exact: bool,
+    ) -> usize {
+        let ends_as_source =
+            |c: &Candidate| source_ending.is_none_or(|end| sentence_end(&c.text) == Some(end));
+        let prefer_ending = self.about.is_none();
+        // Ties go to the earlier candidate: the natural length, then the longer.
+        let mut best: Option<(usize, (bool, f64))> = None;
+        for (i, c) in candidates.iter().enumerate() {
+            if !(c.complies && c.ended) {
+                continue;
+            }
+            let merit = match (exact, self.about) {
+                (false, _) => c.score,
+                (true, Some(about)) => -about.distance(&c.text),
+                (true, None) => c.characters as f64,
+            };
+            let key = (prefer_ending && ends_as_source(c), merit);
+            let better = best.is_none_or(|(_, (ending, score))| {
+                key.0.cmp(&ending).then(key.1.total_cmp(&score)).is_gt()
+            });
+            if better {
+                best = Some((i, key));
+            }
+        }
+        if let Some((i, _)) = best {
+            return i;
+        }
+        let miss = |c: &Candidate| match (self.about, self.at_most) {
+            (Some(about), _) => about.miss(&c.text),
+            (None, _) => c.text.chars().count() as f64,
+        };
+        candidates
+            .iter()
+            .enumerate()
+            .min_by(|(_, a), (_, b)| {
+                miss(a)
+                    .total_cmp(&miss(b))
+                    .then(b.score.total_cmp(&a.score))
+            })
+            .map_or(0, |(i, _)| i)
+    }
+}
+
+/// Adds to `plans` a plan at `center` times each of `factors` subwords, where no plan has
+/// that target yet.
+fn add_around(
+    plans: &mut Vec<LengthPlan>,
+    center: f64,
+    factors: &[f64],
+    source: LengthSource,
+    predicted: Option<f64>,
+    max_output: usize,
+) {
+    for factor in factors {
+        let target = ((center * factor).round() as usize).clamp(1, max_output.max(1));
+        if plans.iter().all(|p| p.target != Some(target)) {
+            plans.push(LengthPlan {
+                target: Some(target),
+                source: Some(source),
+                predicted,
+            });
+        }
+    }
+}
+
+/// The sentence punctuation `text` ends with, closing quotes and brackets passed over.
+pub fn sentence_end(text: &str) -> Option<char> {
+    text.trim_end()
+        .trim_end_matches(['"', '\'', '»', '”', '’', ')', ']'])
+        .chars()
+        .next_back()
+        .filter(|c| matches!(c, '.' | '!' | '?' | '…' | ':' | ';'))
+}
+
+/// One text decoded at one length.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The target length it was decoded for, in subwords.
+    pub target_length: Option<usize>,
+    pub text: String,
+    /// Characters, spaces counted.
+    pub characters: usize,
+    /// Subwords generated.
+    pub output_tokens: usize,
+    /// The model's mean log-probability per token, EOS included.
+    pub score: f64,
+    /// It meets the request's character goal.
+    pub complies: bool,
+    /// It ended with EOS (not at its token budget).
+    pub ended: bool,
+    /// It is the one returned.
+    pub chosen: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(text: &str, score: f64, complies: bool) -> Candidate {
+        Candidate {
+            target_length: None,
+            text: text.into(),
+            characters: text.chars().count(),
+            output_tokens: 1,
+            score,
+            complies,
+            ended: true,
+            chosen: false,
+        }
+    }
+
+    #[test]
+    fn isometric_counts_without_spaces_and_spares_short_pairs() {
+        let goal = CharGoal {
+            about: Some(About::isometric("abcde fghij klmno pqrst")),
+            at_most: None,
+        };
+        assert_eq!(goal.about.unwrap().chars, 20);
+        assert!(goal.complies("abcdefghij klmnopqrs")); // 19: within ±10%
+        assert!(goal.complies("a b c d e f g h i j k l m n o p q r s t u v")); // 22
+        assert!(!goal.complies("abcdefghij klmnopq")); // 17
+        assert!(!goal.complies("abcdefghij klmnopqrstuvw")); // 23
+                                                             // Either side under 10 characters complies (IWSLT's rule).
+        assert!(goal.complies("abc"));
+        let short = CharGoal {
+            about: Some(About::isometric("Hi there")),
+            at_most: None,
+        };
+        assert!(short.complies("a much longer translation"));
+    }
+
+    #[test]
+    fn target_chars_counts_spaces_with_at_least_one_character_of_slack() {
+        let goal = CharGoal {
+            about: Some(About::chars(5)),
+            at_most: None,
+        };
+        assert!(goal.complies("ab cd") && goal.complies("abcd") && goal.complies("abc de"));
+        assert!(!goal.complies("abc defg") && !goal.complies("abc"));
+    }
+
+    #[test]
+    fn candidates_surround_the_estimate_and_keep_the_natural_length() {
+        let natural = LengthPlan {
+            target: Some(10),
+            source: Some(LengthSource::Predictor),
+            predicted: Some(10.2),
+        };
+        let goal = CharGoal {
+            about: Some(About::chars(40)),
+            at_most: None,
+        };
+        let plans = goal.candidate_plans(&natural, 4.0, 100);
+        let targets: Vec<_> = plans.iter().map(|p| p.target.unwrap()).collect();
+        assert_eq!(targets, vec![10, 8, 9, 11, 12]);
+        assert_eq!(plans[0].source, Some(LengthSource::Predictor));
+        assert!(plans[1..]
+            .iter()
+            .all(|p| p.source == Some(LengthSource::TargetChars)));
+        // A natural length far past the goal is not worth a row; caps bound every target.
+        let long = LengthPlan {
+            target: Some(40),
+            ..natural
+        };
+        let cap = CharGoal {
+            about: None,
+            at_most: Some(42),
+        };
+        let targets: Vec<_> = cap
+            .candidate_plans(&long, 4.0, 100)
+            .iter()
+            .map(|p| p.target.unwrap())
+            .collect();
+        assert_eq!(targets, vec![11, 9, 8, 7, 6]);
+    }
+
+    #[test]
+    fn the_best_compliant_candidate_wins_and_subtitles_prefer_sentences() {
+        let about = CharGoal {
+            about: Some(About::chars(10)),
+            at_most: None,
+        };
+        let picks = [
+            candidate("ten chars.", -0.5, true),
+            candidate("ten chars!", -0.2, true),
+            candidate("far too long", -0.1, false),
+        ];
+        assert_eq!(about.choose(&picks, Some('.'), false), 1);
+        let cap = CharGoal {
+            about: None,
+            at_most: Some(12),
+        };
+        let cut = [
+            candidate("Y dijo que", -0.1, true),
+            candidate("Y lo dijo.", -0.4, true),
+        ];
+        assert_eq!(cap.choose(&cut, Some('.'), false), 1);
+        assert_eq!(cap.choose(&cut, None, false), 0);
+        // Exact rows are cut at their lengths: the longest that fits.
+        assert_eq!(cap.choose(&cut, None, true), 0);
+        let exact = [
+            candidate("ab", -0.1, true),
+            candidate("abcdefghij", -0.9, true),
+        ];
+        assert_eq!(about.choose(&exact, None, true), 1);
+        // Nothing complies: the nearest miss, and under a cap the shortest.
+        let none = [
+            candidate("much much longer", -0.1, false),
+            candidate("a bit longer", -0.3, false),
+        ];
+        assert_eq!(about.choose(&none, None, false), 1);
+        assert_eq!(cap.choose(&none, None, false), 1);
+    }
+
+    #[test]
+    fn a_second_round_aims_at_the_sentences_own_ratio() {
+        let goal = CharGoal {
+            about: Some(About::chars(40)),
+            at_most: None,
+        };
+        let plan = |t| LengthPlan {
+            target: Some(t),
+            source: Some(LengthSource::TargetChars),
+            predicted: None,
+        };
+        let tried = [plan(8), plan(10)];
+        // 20 characters from 10 subwords: 2 a subword, so 40 want 20.
+        let short = Candidate {
+            output_tokens: 10,
+            ..candidate("aaaaaaaaaaaaaaaaaaaa", -0.1, false)
+        };
+        let far = Candidate {
+            output_tokens: 8,
+            ..candidate("aaaaaaaaaa", -0.1, false)
+        };
+        let targets: Vec<_> = goal
+            .second_round(&tried, &[far, short.clone()], 100)
+            .iter()
+            .map(|p| p.target.unwrap())
+            .collect();
+        assert_eq!(targets, vec![19, 20, 21, 22]);
+        let fits = candidate("abcdefghijklmnopqrstuvwxyzabcdefghijklmn", -0.1, true);
+        assert!(goal.second_round(&tried, &[short, fits], 100).is_empty());
+    }
+
+    #[test]
+    fn sentence_ends_pass_over_closing_quotes() {
+        assert_eq!(sentence_end("Dijo: «Ven.»"), Some('.'));
+        assert_eq!(sentence_end("¿Vienes?) "), Some('?'));
+        assert_eq!(sentence_end("y de"), None);
+    }
+}

@@ -1,0 +1,176 @@
+"""Collates the nmt-eval reports of scripts/char-length-study.sh (lengths in characters) into
+the section of docs/length-control.md between its `characters` markers.
+
+    python3 -m nmt_tools.studies.char_length OUT SOURCES PACKAGE [--page docs/length-control.md]
+
+OUT holds one nmt-eval report per run (`default`, `isometric`, `chars.reference`,
+`subtitle.0.8`, `chars42`: the names the script gives them), SOURCES the English side of the
+set they translated (its first lines, as many as were decoded), PACKAGE the package's path as
+the page names it. Length compliance (LC) is the IWSLT 2022 isometric task's
+(`isometric_slt_stat.py` of amazon-science/isometric-slt): characters without spaces within
+±10% of the source's, or either side under 10 characters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODULE = "nmt_tools.studies.char_length"
+BEGIN = "<!-- characters: begin (python3 -m nmt_tools.studies.char_length) -->"
+END = "<!-- characters: end -->"
+SENTENCE_ENDS = (".", "!", "?", "…")
+RUNS = [
+    ("default request (predicted length)", "default"),
+    ('isometric, `target_chars` `"source"`', "isometric"),
+    ("`target_chars` = the reference's characters", "chars.reference"),
+    ("subtitle, `max_chars` = 0.8 × the reference's characters", "subtitle.0.8"),
+    ("`max_chars` 42", "chars42"),
+]
+EXAMPLE_RUNS = [
+    ("0.8 × reference, `max_chars`", "subtitle.0.8"),
+    ("1.0 × reference, `target_chars`", "chars.reference"),
+]
+EXAMPLE_RUNS += [("isometric", "isometric")]
+
+
+def isometric_compliant(source: str, output: str) -> bool:
+    """IWSLT 2022's length compliance of one pair."""
+    s, o = len(source.replace(" ", "")), len(output.replace(" ", ""))
+    return s < 10 or o < 10 or abs(o - s) <= 0.1 * s
+
+
+def sentence_end(text: str) -> str | None:
+    """The sentence punctuation a text ends with, closing quotes and brackets passed over."""
+    t = text.rstrip().rstrip("\"'»”’)]")
+    return t[-1] if t and t[-1] in ".!?…:;" else None
+
+
+@dataclass
+class Run:
+    """One nmt-eval run: its report's first system and its decoded translations."""
+
+    system: dict[str, Any]
+    translations: list[dict[str, Any]]
+
+    @staticmethod
+    def load(folder: Path) -> Run:
+        system: dict[str, Any] = json.loads((folder / "report.json").read_text())["systems"][0]
+        decoded = json.loads((folder / system["label"] / "decoded.json").read_text())
+        return Run(system, decoded["decoded"]["translations"])
+
+    def row(self, label: str, sources: list[str]) -> str:
+        o = self.system["overall"]
+        texts = [t["text"] for t in self.translations]
+        n = max(len(texts), 1)
+
+        def share(k: int) -> str:
+            return f"{100 * k / n:.1f}%"
+
+        lc = sum(isometric_compliant(s, t) for s, t in zip(sources, texts, strict=False))
+        cut = sum(bool(t.get("truncated")) for t in self.translations)
+        chosen = [c for t in self.translations for c in t.get("candidates", []) if c["chosen"]]
+        complies = share(sum(c["complies"] for c in chosen)) if chosen else "–"
+        rows = sum(max(len(t.get("candidates", [])), 1) for t in self.translations) / n
+        ends = sum(sentence_end(t) in SENTENCE_ENDS for t in texts)
+        as_source = sum(sentence_end(t) == sentence_end(s) for s, t in zip(sources, texts, strict=False))
+        whole = sum(not t.get("truncated") and sentence_end(t["text"]) in SENTENCE_ENDS for t in self.translations)
+        return (
+            f"| {label} | {o['bleu']['score']:.2f} ± {o['bleu']['ci']:.2f} | {o['chrf']['score']:.2f} | "
+            f"{share(lc)} | {complies} | {share(ends)} | {share(as_source)} | {share(cut)} | {share(whole)} | "
+            f"{rows:.1f} | {self.system['sentences_per_second']:.1f} |"
+        )
+
+
+HEADER = (
+    "| request | BLEU | chrF | LC | goal met | ends . ! ? | ends as source | cut | whole sentence, not cut "
+    "| rows a text | sentences/s |\n"
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+)
+
+
+def examples(runs: dict[str, Run], sources: list[str], references: list[str]) -> list[str]:
+    """Three verses at the three character asks, with their candidates' lengths."""
+    lines: list[str] = []
+    for i in (0, 1, 2):
+        if i >= len(sources):
+            break
+        lines += [f"**{sources[i]}**  ", f"Reference ({len(references[i])} characters): {references[i]}", ""]
+        for label, name in EXAMPLE_RUNS:
+            if name not in runs:
+                continue
+            t = runs[name].translations[i]
+            tried = ", ".join(
+                f"{c['target_length']}→{c['characters']}{'*' if c['chosen'] else ''}" for c in t.get("candidates", [])
+            )
+            what = f"{len(t['text'])} characters; candidates, subwords→characters: {tried}"
+            lines.append(f"- {label} ({what}): {t['text']}")
+        lines.append("")
+    return lines
+
+
+def section(out: Path, sources: list[str], references: list[str], package: str) -> str:
+    """The page's section: the table, what its columns mean, and the examples."""
+    runs = {name: Run.load(out / name) for _, name in RUNS if (out / name / "report.json").exists()}
+    n = len(next(iter(runs.values())).translations) if runs else 0
+    lines = [
+        BEGIN,
+        "## Lengths in characters: n-best over lengths",
+        "",
+        f"Written by `scripts/char-length-study.sh {package}` (nmt-eval through the server's engine, greedy "
+        f"decoding, the first {n} sentences of the test books). A text with `target_chars` or `max_chars` is "
+        "decoded at its natural length and at five lengths around the characters' estimate in subwords, as "
+        "rows of one batch; when none complies, a second round aims at the sentence's own characters per "
+        "subword; the candidate the model scores best (mean log-probability per token) among those that "
+        "comply is returned (under `max_chars` alone, one that ends as the source does first).",
+        "",
+        "LC: IWSLT 2022's length compliance against the source (characters without spaces within ±10%, or "
+        "either side under 10). Goal met: the returned candidate meets the request's own goal (±10% of "
+        "`target_chars`; within `max_chars`). Ends . ! ?: sentence punctuation, closing quotes aside; ends as "
+        "source: the same sentence punctuation as the source, or none where it has none. Rows a text: "
+        "candidates decoded per text (the cost). Sentences/s on this machine's CPU beside a training run: "
+        "compare rows with one another only.",
+        "",
+        HEADER,
+    ]
+    lines += [runs[name].row(label, sources) for label, name in RUNS if name in runs]
+    lines += ["", "### Three verses", ""]
+    lines += examples(runs, sources, references)
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def update(page: Path, text: str) -> None:
+    """Puts `text` between the page's markers, or at its end when it has none."""
+    old = page.read_text() if page.exists() else ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        page.write_text(head + text + tail)
+    else:
+        page.write_text(old.rstrip("\n") + "\n\n" + text if old else text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=f"python3 -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("out", type=Path, help="the folder of the study's nmt-eval reports")
+    p.add_argument("sources", type=Path, help="the English side of the set (test.en)")
+    p.add_argument("package", help="the package, as the page names it")
+    p.add_argument("--references", type=Path, help="the Spanish side (default: SOURCES with .es)")
+    p.add_argument("--page", type=Path, default=Path("docs/length-control.md"), help="the page to update")
+    args = p.parse_args(argv)
+    sources = args.sources.read_text().split("\n")
+    references = (args.references or args.sources.with_suffix(".es")).read_text().split("\n")
+    update(args.page, section(args.out, sources, references, args.package))
+    print(f"{MODULE}: updated {args.page}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
