@@ -229,22 +229,24 @@ impl CharGoal {
             |c: &Candidate| source_ending.is_none_or(|end| sentence_end(&c.text) == Some(end));
         let prefer_ending = self.about.is_none();
         // Ties go to the earlier candidate: the natural length, then the longer.
-        let mut best: Option<(usize, (bool, f64))> = None;
+        let mut best: Option<(usize, Rank)> = None;
         for (i, c) in candidates.iter().enumerate() {
             if !(c.complies && c.ended) {
                 continue;
             }
-            let merit = match (exact, self.about) {
-                (false, _) => c.score,
-                (true, Some(about)) => -about.distance(&c.text),
-                (true, None) => c.characters as f64,
+            let rank = Rank {
+                ends_well: prefer_ending && ends_as_source(c),
+                // A candidate that reached its length by saying a phrase twice scores well
+                // token by token (a repeat is easy to predict) but reads badly.
+                no_repeat: !repeats_a_phrase(&c.text),
+                merit: match (exact, self.about) {
+                    (false, _) => c.score,
+                    (true, Some(about)) => -about.distance(&c.text),
+                    (true, None) => c.characters as f64,
+                },
             };
-            let key = (prefer_ending && ends_as_source(c), merit);
-            let better = best.is_none_or(|(_, (ending, score))| {
-                key.0.cmp(&ending).then(key.1.total_cmp(&score)).is_gt()
-            });
-            if better {
-                best = Some((i, key));
+            if best.as_ref().is_none_or(|(_, b)| rank.beats(b)) {
+                best = Some((i, rank));
             }
         }
         if let Some((i, _)) = best {
@@ -286,6 +288,40 @@ fn add_around(
             });
         }
     }
+}
+
+/// How [`CharGoal::choose`] ranks a compliant candidate, most important first.
+struct Rank {
+    ends_well: bool,
+    no_repeat: bool,
+    /// The model's score, or in exact mode the length's fit.
+    merit: f64,
+}
+
+impl Rank {
+    fn beats(&self, other: &Rank) -> bool {
+        (self.ends_well, self.no_repeat)
+            .cmp(&(other.ends_well, other.no_repeat))
+            .then(self.merit.total_cmp(&other.merit))
+            .is_gt()
+    }
+}
+
+/// Words in a phrase that [`repeats_a_phrase`] looks for.
+const REPEATED_PHRASE_WORDS: usize = 4;
+
+/// Whether some run of [`REPEATED_PHRASE_WORDS`] words occurs twice in `text`, punctuation
+/// aside.
+pub fn repeats_a_phrase(text: &str) -> bool {
+    let words: Vec<&str> = text
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    words
+        .windows(REPEATED_PHRASE_WORDS)
+        .any(|phrase| !seen.insert(phrase))
 }
 
 /// The sentence punctuation `text` ends with, closing quotes and brackets passed over.
@@ -466,6 +502,18 @@ mod tests {
         assert_eq!(targets, vec![19, 20, 21, 22]);
         let fits = candidate("abcdefghijklmnopqrstuvwxyzabcdefghijklmn", -0.1, true);
         assert!(goal.second_round(&tried, &[short, fits], 100).is_empty());
+    }
+
+    #[test]
+    fn a_candidate_padded_by_a_repeat_gives_way() {
+        let goal = CharGoal {
+            about: Some(About::chars(40)),
+            at_most: None,
+        };
+        let padded = candidate("y metió los vasos, y metió los vasos.", -0.1, true);
+        let plain = candidate("y puso los vasos en la casa del tesoro.", -0.4, true);
+        assert!(repeats_a_phrase(&padded.text) && !repeats_a_phrase(&plain.text));
+        assert_eq!(goal.choose(&[padded, plain], Some('.'), false), 1);
     }
 
     #[test]

@@ -44,6 +44,8 @@ function requestBody(texts) {
   if (length === "tokens") body.target_length = Number($("tokens").value);
   if (length === "source") body.target_length = "source";
   if (length === "chars") body.max_chars = Number($("chars").value);
+  if (length === "about") body.target_chars = Number($("about").value);
+  if (length === "isometric") body.target_chars = "source";
   if (length !== "none") body.length_mode = $("mode").value;
   return body;
 }
@@ -62,6 +64,10 @@ function lengthFacts(t) {
   }
   if (t.predicted_length !== undefined) facts.push(`predicted ${t.predicted_length.toFixed(1)}`);
   if (t.truncated) facts.push("cut at a word boundary");
+  if (t.length_candidates) {
+    const tried = t.length_candidates.map((c) => `${c.target_length}→${c.characters}${c.chosen ? "*" : ""}`);
+    facts.push(`candidates (subwords→characters) ${tried.join(", ")}`);
+  }
   return facts.join(" · ");
 }
 

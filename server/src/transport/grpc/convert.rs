@@ -153,5 +153,59 @@ mod tests {
             ..request(None)
         };
         assert_eq!(from_proto(bad).unwrap_err().error_type(), "invalid_request");
+        for (chars, expected) in [
+            (None, None),
+            (
+                Some(ProtoTargetChars::Chars(40)),
+                Some(TargetChars::Chars(40)),
+            ),
+            (
+                Some(ProtoTargetChars::SourceChars(true)),
+                Some(TargetChars::Source),
+            ),
+            (Some(ProtoTargetChars::SourceChars(false)), None),
+        ] {
+            let asked = proto::TranslateRequest {
+                target_chars: chars,
+                ..request(None)
+            };
+            assert_eq!(from_proto(asked).unwrap().length.target_chars, expected);
+        }
+    }
+
+    #[test]
+    fn candidates_convert() {
+        let candidate = crate::service::LengthCandidate {
+            target_length: Some(9),
+            text: "hola".into(),
+            characters: 4,
+            output_tokens: 2,
+            score: -0.5,
+            complies: true,
+            ended: true,
+            chosen: true,
+        };
+        let response = TranslateResponse {
+            model: "m".into(),
+            translations: vec![crate::service::Translation {
+                text: "hola".into(),
+                source_tokens: 1,
+                output_tokens: 2,
+                target_length: Some(9),
+                length_source: Some(LengthSource::TargetChars),
+                predicted_length: None,
+                length_mode: Some(LengthMode::Soft),
+                truncated: false,
+                sentences: None,
+                length_candidates: Some(vec![candidate]),
+            }],
+        };
+        let t = &to_proto(response).translations[0];
+        assert_eq!(t.length_source, proto::LengthSource::TargetChars as i32);
+        let c = &t.length_candidates[0];
+        assert_eq!(
+            (c.target_length, c.characters, c.output_tokens, c.chosen),
+            (Some(9), 4, 2, true)
+        );
     }
 }
