@@ -117,6 +117,9 @@ fn check_dir(name: &str, hf_dir: &Path) {
     assert_eq!(manifest.bos_id, reference.pad_id);
     assert_eq!(manifest.pad_id, reference.pad_id);
     assert_eq!(manifest.eos_id, 0);
+    // What `GET /models` says of it: imported, and without a length encoding.
+    assert_eq!(manifest.origin(), "huggingface-marian");
+    assert!(!manifest.config.is_length_aware());
     let mut backend = backend(&package, &manifest);
 
     let banned = [reference.pad_id];

@@ -240,7 +240,19 @@ pub struct ExternalFile {
     pub source: String,
 }
 
+/// What `training.imported.from` says of a package this project's training did not make.
+pub const TRAINED_HERE: &str = "nmt-train";
+
 impl Manifest {
+    /// Where the weights came from: `training.imported.from` for an imported model
+    /// (`huggingface-marian`), [`TRAINED_HERE`] otherwise.
+    pub fn origin(&self) -> String {
+        self.training["imported"]["from"]
+            .as_str()
+            .unwrap_or(TRAINED_HERE)
+            .to_string()
+    }
+
     /// Reads `dir/manifest.json`, validates it and checks every listed file's checksum.
     pub fn load(dir: &Path) -> Result<Self, ManifestError> {
         let manifest = Self::load_any_format(dir)?;
@@ -366,6 +378,14 @@ mod tests {
         }
         let sinusoidal = ModelConfig::preset("transformer-tiny", 50).unwrap();
         assert!(limits(None, 4096).check(&sinusoidal).is_ok());
+    }
+
+    #[test]
+    fn origin_is_the_import_format_or_this_projects_training() {
+        let mut m = manifest();
+        assert_eq!(m.origin(), TRAINED_HERE);
+        m.training = serde_json::json!({"imported": {"from": "huggingface-marian"}});
+        assert_eq!(m.origin(), "huggingface-marian");
     }
 
     #[test]

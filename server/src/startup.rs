@@ -177,6 +177,7 @@ fn load_model(
         translator,
         precision: manifest.precision,
         domains: manifest.domains.clone(),
+        origin: manifest.origin(),
     })
 }
 

@@ -96,6 +96,7 @@ pub fn service(
                 translator,
                 precision: model_package::Precision::Float32,
                 domains: vec!["test words".into()],
+                origin: model_package::manifest::TRAINED_HERE.into(),
             }
         })
         .collect();

@@ -49,6 +49,8 @@ pub struct Model {
     pub precision: model_package::Precision,
     /// What it was trained on (manifest `domains`).
     pub domains: Vec<String>,
+    /// Where its weights came from ([`model_package::Manifest::origin`]).
+    pub origin: String,
 }
 
 impl Model {
@@ -281,6 +283,7 @@ impl Infer {
                     },
                     precision: m.precision,
                     domains: m.domains.clone(),
+                    origin: m.origin.clone(),
                 }
             })
             .collect()

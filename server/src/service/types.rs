@@ -165,6 +165,10 @@ pub struct ModelInfo {
     /// What text the model was trained on: it translates these domains well and others
     /// poorly. Empty when the package does not say.
     pub domains: Vec<String>,
+    /// Where its weights came from: `nmt-train` (this project's training), or the format
+    /// it was imported from (`huggingface-marian`: `nmt-export import-marian`; such a model
+    /// has no length encoding, `length_aware` false).
+    pub origin: String,
 }
 
 /// What `target_length` `"auto"` uses.
