@@ -71,14 +71,21 @@ def weight_matmuls(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 
 
 def logits_projection(graph: onnx.GraphProto, logits: str) -> onnx.NodeProto | None:
-    """The node computing graph output `logits`, past any Identity; None without one."""
+    """The projection computing graph output `logits`, past any Identity and any Add of a
+    stored bias (an imported Marian model adds `final_logits_bias`); None without one."""
     if not any(output.name == logits for output in graph.output):
         return None
     by_output = producers(graph)
+    stored = initializers(graph)
     node = by_output[logits]
-    while node.op_type == "Identity":
-        node = by_output[node.input[0]]
-    return node
+    while True:
+        computed = [value for value in node.input if value in by_output]
+        if node.op_type == "Identity":
+            node = by_output[node.input[0]]
+        elif node.op_type == "Add" and len(computed) == 1 and any(v in stored for v in node.input):
+            node = by_output[computed[0]]
+        else:
+            return node
 
 
 def untie_logits(graph: onnx.GraphProto, logits: str) -> bool:

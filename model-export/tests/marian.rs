@@ -14,7 +14,8 @@
 use std::path::{Path, PathBuf};
 
 use model_export::marian::{import_marian, ImportMarianArgs, BANNED_LOGIT};
-use model_package::Manifest;
+use model_export::quantize::{quantize_package, Python, QuantizeArgs};
+use model_package::{Manifest, Precision};
 use nmt_engine::backend::Backend;
 use nmt_engine::decode::{greedy_decode, DecodeInput, SpecialIds};
 use nmt_engine::length::LengthRequest;
@@ -203,6 +204,65 @@ fn check_dir(name: &str, hf_dir: &Path) {
 #[test]
 fn tiny_swish_matches_transformers() {
     check_dir("tiny-swish", &fixture("tiny-swish"));
+}
+
+/// `nmt-export quantize` takes an imported package: the tied projection is untied past
+/// `final_logits_bias`, every weight product becomes int8, and the int8 package decodes.
+#[test]
+fn an_imported_model_quantizes() {
+    let hf_dir = fixture("tiny-swish");
+    let reference = reference(&hf_dir);
+    let work = tempfile::tempdir().unwrap();
+    let float = work.path().join("float32");
+    import(&hf_dir, &float);
+    let int8 = work.path().join("int8");
+    let quantized = quantize_package(&QuantizeArgs {
+        package: float,
+        out: int8.clone(),
+        name: None,
+        evaluation: None,
+        python: Python::default(),
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let manifest = Manifest::load(&int8).unwrap();
+    assert_eq!(manifest.precision, Precision::Int8);
+    assert_eq!(manifest.origin(), "huggingface-marian");
+    assert!(
+        quantized.decoder.untied_logits,
+        "the projection behind the bias"
+    );
+    assert!(quantized.decoder.matmul_integer > 0 && quantized.encoder.matmul_integer > 0);
+
+    let mut backend = backend(&int8, &manifest);
+    let special = SpecialIds {
+        bos: manifest.bos_id,
+        eos: manifest.eos_id,
+    };
+    let inputs: Vec<DecodeInput> = reference
+        .cases
+        .iter()
+        .map(|c| DecodeInput::new(c.source_ids.clone(), c.budget))
+        .collect();
+    let outputs = greedy_decode(&mut backend, special, &inputs).unwrap();
+    let (same, all) = reference
+        .cases
+        .iter()
+        .zip(&outputs)
+        .fold((0, 0), |(same, all), (c, o)| {
+            let agree = c.output_ids.iter().zip(&o.ids).take_while(|(a, b)| a == b);
+            (same + agree.count(), all + c.output_ids.len())
+        });
+    // A random model's logits lie close together, so int8 noise flips some choices early
+    // (47.5% when written); a broken graph agrees on next to nothing.
+    let share = same as f64 / all.max(1) as f64;
+    println!(
+        "tiny-swish int8: {same}/{all} reference tokens before the first disagreement ({:.1}%)",
+        100.0 * share
+    );
+    assert!(share > 0.25, "int8 agrees on {:.1}%", 100.0 * share);
+    for (case, output) in reference.cases.iter().zip(&outputs) {
+        assert!(output.ids.len() <= case.budget);
+    }
 }
 
 /// The wider sweep (other activations, sizes, SentencePiece normalization), written by
