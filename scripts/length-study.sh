@@ -52,5 +52,8 @@ for pull in $PULLS; do
   NMT_LENGTH_PULL=$pull run "aware.subtitle.pull$pull" "$aware" --target-length reference --reference-length-scale 0.8
 done
 
+# The page's section on lengths in characters is scripts/char-length-study.sh's: kept as it is.
+characters=$(sed -n '/<!-- characters: begin/,/<!-- characters: end -->/p' docs/length-control.md)
 python3 -m nmt_tools.studies.length_study "$out" "$baseline" "$aware" $PULLS > docs/length-control.md
+if [ -n "$characters" ]; then printf '\n%s\n' "$characters" >> docs/length-control.md; fi
 echo "length-study: wrote docs/length-control.md" >&2
