@@ -407,6 +407,11 @@ pub struct LengthPlan {
     pub source: Option<LengthSource>,
     /// The prediction, when one was made.
     pub predicted: Option<f64>,
+    /// Soft mode pulls EOS toward the target from both sides (`--length-pull`): a length
+    /// asked for. Otherwise the length encoding alone plans it and only a runaway far past it
+    /// is pulled to an end: a guess at the natural length, or a candidate length for a
+    /// character goal (which ends as a sentence more often unpulled).
+    pub pulled: bool,
 }
 
 impl LengthPlan {
@@ -414,6 +419,7 @@ impl LengthPlan {
         target: None,
         source: None,
         predicted: None,
+        pulled: false,
     };
 }
 
@@ -433,16 +439,19 @@ pub fn plan(
             target: Some(n),
             source: Some(LengthSource::Request),
             predicted: None,
+            pulled: true,
         },
         (Some(TargetLength::Source), _) => LengthPlan {
             target: Some(clamp(source_tokens as f64)),
             source: Some(LengthSource::Source),
             predicted: None,
+            pulled: true,
         },
         (_, Some((p, source))) => LengthPlan {
             target: Some(clamp(p)),
             source: Some(source),
             predicted: Some(p),
+            pulled: false,
         },
         // A length-aware decoder always needs a length; without a prediction the source's
         // is the best guess it has.
@@ -450,6 +459,7 @@ pub fn plan(
             target: Some(clamp(source_tokens as f64)),
             source: Some(LengthSource::Source),
             predicted: None,
+            pulled: true,
         },
         _ => LengthPlan::FREE,
     };
@@ -494,29 +504,26 @@ pub const RUNAWAY_SLACK: usize = 5;
 /// token wins within a few subwords.
 pub const RUNAWAY_PULL: f32 = 2.0;
 
-/// Soft mode's EOS rule. A length someone asked for is pulled toward from both sides. A
-/// predicted length is a guess at the natural one, and pulling toward a guess costs quality,
-/// so only a runaway far past it is pulled to an end.
-fn soft_rule(target: usize, source: Option<LengthSource>, limits: &RequestLimits) -> EosRule {
-    match source {
-        Some(
-            LengthSource::Request
-            | LengthSource::Source
-            | LengthSource::MaxChars
-            | LengthSource::TargetChars,
-        ) if limits.length_pull > 0.0 => EosRule::Pull {
-            target,
-            tolerance: 1,
-            per_token: limits.length_pull,
-        },
-        Some(LengthSource::Predictor | LengthSource::LinearFit) if limits.runaway_ratio > 0.0 => {
-            EosRule::PullAfter {
-                after: (limits.runaway_ratio * target as f64).ceil() as usize + RUNAWAY_SLACK,
-                per_token: RUNAWAY_PULL,
-            }
+/// Soft mode's EOS rule ([`LengthPlan::pulled`]). A length someone asked for is pulled
+/// toward from both sides. A predicted length is a guess at the natural one, and pulling
+/// toward a guess costs quality, so only a runaway far past it is pulled to an end; so is a
+/// candidate length of a character goal, which the model is left to end as a sentence.
+fn soft_rule(target: usize, pulled: bool, limits: &RequestLimits) -> EosRule {
+    if pulled {
+        if limits.length_pull > 0.0 {
+            return EosRule::Pull {
+                target,
+                tolerance: 1,
+                per_token: limits.length_pull,
+            };
         }
-        _ => EosRule::Free,
+    } else if limits.runaway_ratio > 0.0 {
+        return EosRule::PullAfter {
+            after: (limits.runaway_ratio * target as f64).ceil() as usize + RUNAWAY_SLACK,
+            per_token: RUNAWAY_PULL,
+        };
     }
+    EosRule::Free
 }
 
 /// Decoder input for a text of `source_tokens` subwords under `plan`: the rule every
@@ -542,7 +549,7 @@ pub fn decode_input(
         // The decoder plans the length itself; the budget only stops a runaway row, with
         // room for the planned length plus some slack.
         LengthMode::Soft => (
-            soft_rule(n, plan.source, limits),
+            soft_rule(n, plan.pulled, limits),
             free_budget
                 .max(n + limits.max_length_offset)
                 .min(max_output),
@@ -762,6 +769,7 @@ mod tests {
             target: Some(6),
             source: Some(LengthSource::Request),
             predicted: None,
+            pulled: true,
         };
         let exact = decode_input(vec![5, 2], 1, &plan, LengthMode::Exact, true, &limits, 64);
         assert_eq!(
@@ -803,6 +811,7 @@ mod tests {
         );
         let predicted = LengthPlan {
             source: Some(LengthSource::Predictor),
+            pulled: false,
             ..plan
         };
         let natural = decode_input(

@@ -357,12 +357,17 @@ impl Pipeline {
     }
 
     fn plans_for(&self, text: &ValidText, plan: &LengthPlan) -> Vec<LengthPlan> {
-        match &text.goal {
-            None => vec![*plan],
-            Some(goal) => {
-                goal.candidate_plans(plan, self.length.chars_per_subword, self.max_output())
-            }
+        let Some(goal) = &text.goal else {
+            return vec![*plan];
+        };
+        let mut plans =
+            goal.candidate_plans(plan, self.length.chars_per_subword, self.max_output());
+        if text.length.mode == LengthMode::Exact {
+            // Exact mode ends every row at its length, pulled or not: one row a target.
+            let mut seen = std::collections::HashSet::new();
+            plans.retain(|p| seen.insert(p.target));
         }
+        plans
     }
 
     /// What the decode loop takes for `text` under `plan`.
@@ -393,7 +398,12 @@ impl Pipeline {
             return Ok(Vec::new());
         };
         let (_, candidates) = self.candidates(index, text, goal, attempts)?;
-        Ok(goal.second_round(&attempts.plans, &candidates, self.max_output()))
+        let mut plans = goal.second_round(&attempts.plans, &candidates, self.max_output());
+        if text.length.mode == LengthMode::Exact {
+            // Exact mode ends every row at its length, pulled or not: a target tried is done.
+            plans.retain(|p| attempts.plans.iter().all(|t| t.target != p.target));
+        }
+        Ok(plans)
     }
 
     /// The translation of text `index` from what its rows gave: with a character goal, the

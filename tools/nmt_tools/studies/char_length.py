@@ -124,9 +124,10 @@ def section(out: Path, sources: list[str], references: list[str], package: str) 
         f"Written by `scripts/char-length-study.sh {package}` (nmt-eval through the server's engine, greedy "
         f"decoding, the first {n} sentences of the test books). A text with `target_chars` or `max_chars` is "
         "decoded at its natural length and at five lengths around the characters' estimate in subwords, as "
-        "rows of one batch; when none complies, a second round aims at the sentence's own characters per "
-        "subword; the candidate the model scores best (mean log-probability per token) among those that "
-        "comply is returned (under `max_chars` alone, one that ends as the source does first).",
+        "rows of one batch, each planned by the length encoding and ended by the model; when none complies, "
+        "a second round aims at the sentence's own characters per subword, pulled to those lengths; the "
+        "candidate the model scores best (mean log-probability per token) among those that comply is "
+        "returned (under `max_chars` alone, one that ends as the source does first).",
         "",
         "LC: IWSLT 2022's length compliance against the source (characters without spaces within ±10%, or "
         "either side under 10). Goal met: the returned candidate meets the request's own goal (±10% of "
