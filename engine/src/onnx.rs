@@ -326,6 +326,26 @@ impl OrtBackend {
         Ok(memory)
     }
 
+    /// Runs the encoder on `sources`, one row each.
+    fn encode_distinct(&mut self, sources: &[&[i64]]) -> Result<OrtEncoded, BackendError> {
+        let batch = sources.len();
+        let len = sources.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
+        let mut ids = vec![self.pad_id; batch * len];
+        let mut mask = vec![0f32; batch * len];
+        for (row, source) in sources.iter().enumerate() {
+            ids[row * len..row * len + source.len()].copy_from_slice(source);
+            mask[row * len..row * len + source.len()].fill(1.0);
+        }
+        let ids = Tensor::from_array(([batch, len], ids)).map_err(ort_error("source_ids"))?;
+        let mask = Tensor::from_array(([batch, len], mask)).map_err(ort_error("source_mask"))?;
+        let memory = self.encoder_memory(batch, ids, mask);
+        crate::memory::after_run(crate::memory::pairs(batch, len));
+        Ok(OrtEncoded {
+            memory: memory?,
+            rows: batch,
+        })
+    }
+
     /// Gives the memory back the room the longest source in the batch no longer needs.
     fn fit_memory(rows: &mut OrtRows) {
         for (buffer, shapes) in rows.memory.iter_mut().zip(&rows.memory_shapes) {
@@ -348,21 +368,30 @@ impl Backend for OrtBackend {
     type Encoded = OrtEncoded;
 
     fn encode(&mut self, sources: &[&[i64]]) -> Result<OrtEncoded, BackendError> {
-        let batch = sources.len();
-        let len = sources.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
-        let mut ids = vec![self.pad_id; batch * len];
-        let mut mask = vec![0f32; batch * len];
-        for (row, source) in sources.iter().enumerate() {
-            ids[row * len..row * len + source.len()].copy_from_slice(source);
-            mask[row * len..row * len + source.len()].fill(1.0);
+        // A text decoded at several lengths (a character goal's candidates) joins as several
+        // rows of one source: the encoder runs once for it, and its memory is copied.
+        let mut distinct: Vec<&[i64]> = Vec::with_capacity(sources.len());
+        let mut first_of: std::collections::HashMap<&[i64], usize> = Default::default();
+        let of_row: Vec<usize> = sources
+            .iter()
+            .map(|&s| {
+                *first_of.entry(s).or_insert_with(|| {
+                    distinct.push(s);
+                    distinct.len() - 1
+                })
+            })
+            .collect();
+        let encoded = self.encode_distinct(&distinct)?;
+        if distinct.len() == sources.len() {
+            return Ok(encoded);
         }
-        let ids = Tensor::from_array(([batch, len], ids)).map_err(ort_error("source_ids"))?;
-        let mask = Tensor::from_array(([batch, len], mask)).map_err(ort_error("source_mask"))?;
-        let memory = self.encoder_memory(batch, ids, mask);
-        crate::memory::after_run(crate::memory::pairs(batch, len));
         Ok(OrtEncoded {
-            memory: memory?,
-            rows: batch,
+            memory: encoded
+                .memory
+                .iter()
+                .map(|m| m.select(ndarray::Axis(0), &of_row))
+                .collect(),
+            rows: sources.len(),
         })
     }
 

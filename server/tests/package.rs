@@ -117,6 +117,38 @@ async fn batch_translation_matches_one_by_one() {
 }
 
 #[test]
+fn a_source_repeated_in_a_batch_is_encoded_once_and_placed_alike() {
+    let mut backend = backend();
+    let sources = [source_ids(SENTENCES[0]), source_ids(SENTENCES[1])];
+    let (a, b) = (sources[0].as_slice(), sources[1].as_slice());
+    let bos = i64::from(package().manifest.bos_id);
+    let first_logits = |backend: &mut OrtBackend, batch: &[&[i64]]| {
+        let mut rows = OrtRows::default();
+        let encoded = backend.encode(batch).unwrap();
+        let slots: Vec<usize> = (0..batch.len()).collect();
+        backend.place(&mut rows, encoded, &slots).unwrap();
+        let n = batch.len();
+        backend
+            .step(&mut rows, &vec![bos; n], &vec![0; n], &vec![0; n])
+            .unwrap()
+    };
+    let distinct = first_logits(&mut backend, &[a, b]);
+    let repeated = first_logits(&mut backend, &[a, b, a]);
+    // The repeated source was encoded once, in the batch the distinct ones were: its rows
+    // differ by no more than a decoder step of another width makes them.
+    let apart = |x: ndarray::ArrayView1<f32>, y: ndarray::ArrayView1<f32>| {
+        x.iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max)
+    };
+    for (r, d) in [(0, 0), (1, 1), (2, 0)] {
+        let gap = apart(repeated.row(r), distinct.row(d));
+        assert!(gap < 1e-4, "row {r}: {gap}");
+    }
+}
+
+#[test]
 fn first_step_runs_from_empty_state() {
     let mut backend = backend();
     let manifest = &package().manifest;
