@@ -131,6 +131,39 @@ async fn a_target_length_is_met_and_reported() {
 }
 
 #[tokio::test]
+async fn characters_and_sentences_are_asked_and_reported_as_over_http() {
+    let mut client = client().await;
+    let isometric = proto::TranslateRequest {
+        target_chars: Some(proto::translate_request::TargetChars::SourceChars(true)),
+        ..request(&TEXTS)
+    };
+    let response = client.translate(isometric).await.unwrap().into_inner();
+    let http = post_translate(serde_json::json!({ "text": TEXTS, "target_chars": "source" })).await;
+    for (grpc, http) in response.translations.iter().zip(&http.translations) {
+        assert_eq!(grpc.text, http.text);
+        let candidates = http
+            .length_candidates
+            .as_ref()
+            .expect("candidates over HTTP");
+        assert_eq!(grpc.length_candidates.len(), candidates.len(), "{grpc:?}");
+        assert_eq!(
+            grpc.length_candidates.iter().filter(|c| c.chosen).count(),
+            1
+        );
+    }
+
+    let text = "In the beginning God created the heavens and the earth. And the earth was waste.";
+    let split = proto::TranslateRequest {
+        split_sentences: true,
+        ..request(&[text])
+    };
+    let response = client.translate(split).await.unwrap().into_inner();
+    let http = post_translate(serde_json::json!({ "text": text, "split_sentences": true })).await;
+    assert_eq!(response.translations[0].text, http.translations[0].text);
+    assert_eq!(response.translations[0].sentences, Some(2));
+}
+
+#[tokio::test]
 async fn errors_map_to_grpc_codes_and_are_counted() {
     let mut client = client().await;
     let infer = state();

@@ -47,7 +47,7 @@ pub fn from_proto(request: proto::TranslateRequest) -> Result<TranslateRequest, 
             target_chars,
         },
         no_repeat_ngram_size: request.no_repeat_ngram_size.map(|n| n as usize),
-        split_sentences: false,
+        split_sentences: request.split_sentences,
     })
 }
 
@@ -82,6 +82,7 @@ pub fn to_proto(response: TranslateResponse) -> proto::TranslateResponse {
                         LengthMode::Exact => proto::LengthMode::Exact,
                     }) as i32,
                 truncated: t.truncated,
+                sentences: t.sentences.map(count),
                 length_candidates: t
                     .length_candidates
                     .unwrap_or_default()
@@ -171,6 +172,11 @@ mod tests {
             };
             assert_eq!(from_proto(asked).unwrap().length.target_chars, expected);
         }
+        let split = proto::TranslateRequest {
+            split_sentences: true,
+            ..request(None)
+        };
+        assert!(from_proto(split).unwrap().split_sentences);
     }
 
     #[test]
