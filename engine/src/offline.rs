@@ -22,6 +22,9 @@ pub struct PackageInfo {
     pub dir: PathBuf,
     pub name: String,
     pub preset: String,
+    /// The language it translates from (an ISO 639-1 code), as the manifest says.
+    #[serde(default)]
+    pub source_language: String,
     pub execution_provider: String,
     /// Longest input decoded, in subwords (EOS not counted).
     pub input_limit: usize,
@@ -89,6 +92,7 @@ impl Engine {
             dir: dir.to_path_buf(),
             name: manifest.name.clone(),
             preset: manifest.config.preset.clone(),
+            source_language: manifest.source_language.clone(),
             execution_provider: backend.execution_provider().to_string(),
             input_limit: pipeline.input_limit().0,
             max_output_tokens: pipeline.max_output(),

@@ -573,6 +573,7 @@ mod tests {
                 dir: "models/m".into(),
                 name: "m".into(),
                 preset: "transformer".into(),
+                source_language: "en".into(),
                 execution_provider: "CPU".into(),
                 input_limit: 127,
                 max_output_tokens: 256,

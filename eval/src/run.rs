@@ -904,6 +904,7 @@ mod tests {
                 dir: "p".into(),
                 name: "p".into(),
                 preset: "transformer".into(),
+                source_language: "en".into(),
                 execution_provider: "CPU".into(),
                 input_limit: 127,
                 max_output_tokens: 256,

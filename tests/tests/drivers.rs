@@ -205,3 +205,37 @@ async fn the_server_the_engine_and_nmt_translate_answer_alike() {
         "character goals decode candidates"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_sentences_answers_alike_on_the_server_and_in_nmt_translate() {
+    let package = shipped_package();
+    let server = start_server(&[&package], &[]);
+    let client = reqwest::Client::new();
+    wait_until_ready(&client, &server).await;
+    // Two and three sentences, spacing of their own, and an empty line that stays empty.
+    let lines = [
+        "Jesus wept. In the beginning God created the heavens and the earth.",
+        "",
+        "I thank my God upon every remembrance of you.  Rejoice in the Lord alway! Amen.",
+    ];
+    let texts: Vec<&str> = lines.iter().copied().filter(|l| !l.is_empty()).collect();
+    let body = json!({ "text": texts, "split_sentences": true });
+    let response = post_translate(&client, &server, &body).await;
+    assert_eq!(response.status(), 200, "{body}");
+    let answer: Value = response.json().await.unwrap();
+    let served: Vec<&str> = answer["translations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["text"].as_str().unwrap())
+        .collect();
+    let lines_out = translate_lines(&["--split-sentences"], &lines.join("\n"));
+    assert_eq!(lines_out, [served[0], "", served[1]]);
+    assert!(
+        served[1].contains("  "),
+        "the line's own spacing: {:?}",
+        served[1]
+    );
+    let refused = translate_cli(&["--split-sentences", "--max-chars", "40"], "Hi.");
+    assert!(!refused.status.success());
+}

@@ -87,6 +87,14 @@ struct Args {
     #[arg(long, conflicts_with = "target_length")]
     target_chars: Option<TargetChars>,
 
+    /// Plain text: cut each line into sentences (Wikimedia's segmenter, as a request's
+    /// `split_sentences`), translate every sentence as a text of its own, and join the
+    /// translations with the line's own spacing: still one line out per line in. A number in
+    /// `--target-length` or `--target-chars`, and `--max-chars`, apply to whole lines and
+    /// are refused with it.
+    #[arg(long)]
+    split_sentences: bool,
+
     /// Catalogs: each translation at most this many times its msgid's characters (spaces
     /// included; at least 10 characters), planned for and cut like `--max-chars`, e.g. 1.3
     /// for UI strings that must fit where the English did.
@@ -230,6 +238,20 @@ fn check_flags(args: &Args, format: Format) -> Result<()> {
     if args.max_chars.is_some() && matches!(format, Format::Srt | Format::Vtt) {
         bail!("a subtitle's character budget comes from --max-line-chars, not --max-chars");
     }
+    if args.split_sentences {
+        if !matches!(format, Format::Text | Format::Auto) {
+            bail!("--split-sentences applies to plain text");
+        }
+        let whole_line = matches!(args.target_length, Some(TargetLength::Tokens(_)))
+            || matches!(args.target_chars, Some(TargetChars::Chars(_)))
+            || args.max_chars.is_some();
+        if whole_line {
+            bail!(
+                "a number in --target-length or --target-chars, and --max-chars, apply to whole \
+                 lines; not with --split-sentences (`source` and `auto` apply to each sentence)"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -251,7 +273,7 @@ fn translate_text(
         None => None,
     };
     translator.start_progress(total_lines, "lines");
-    text::translate_stream(translator, input, &mut output)
+    text::translate_stream(translator, input, &mut output, args.split_sentences)
 }
 
 /// A catalog or subtitle file, read whole (they are small), translated in batches, written

@@ -7,16 +7,19 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use nmt_engine::Outcome;
+use nmt_engine::sentences::{self, Sentences};
+use nmt_engine::{Outcome, Translation};
 
 use crate::translator::{Translator, CHUNK_BATCHES};
 
-/// Reads, translates and writes chunk by chunk, flushing each, so output streams. Returns the
-/// number of lines.
+/// Reads, translates and writes chunk by chunk, flushing each, so output streams; with
+/// `split_sentences` each line's sentences are translated as texts of their own and joined.
+/// Returns the number of lines.
 pub fn translate_stream(
     translator: &mut Translator,
     mut input: Box<dyn BufRead>,
     output: &mut dyn Write,
+    split_sentences: bool,
 ) -> Result<usize> {
     let chunk_size = translator.batch_size * CHUNK_BATCHES;
     let mut lines_done = 0;
@@ -26,7 +29,11 @@ pub fn translate_stream(
         if chunk.is_empty() {
             return Ok(lines_done);
         }
-        let translations = translator.translate(&chunk, &vec![None; chunk.len()])?;
+        let translations = if split_sentences {
+            translate_sentences(translator, &chunk)?
+        } else {
+            translator.translate(&chunk, &vec![None; chunk.len()])?
+        };
         for (i, (line, translation)) in chunk.iter().zip(&translations).enumerate() {
             if translation.outcome == Outcome::Refused && !line.trim().is_empty() {
                 translator.warn(&format!(
@@ -44,6 +51,40 @@ pub fn translate_stream(
         output.flush().context("writing the translations")?;
         lines_done += chunk.len();
     }
+}
+
+/// Each line's translation from its sentences' (as `split_sentences` does on the server):
+/// the texts joined with the line's own spacing, the subword counts summed, refused when a
+/// sentence was.
+fn translate_sentences(translator: &mut Translator, lines: &[String]) -> Result<Vec<Translation>> {
+    let language = translator.engine.info.source_language.clone();
+    let split: Vec<Sentences> = lines
+        .iter()
+        .map(|l| sentences::split(&language, l))
+        .collect();
+    let all: Vec<String> = split.iter().flat_map(|s| s.sentences.clone()).collect();
+    let mut translated = translator
+        .translate(&all, &vec![None; all.len()])?
+        .into_iter();
+    Ok(split
+        .iter()
+        .map(|s| {
+            let parts: Vec<Translation> = translated.by_ref().take(s.sentences.len()).collect();
+            let texts: Vec<&str> = parts.iter().map(|t| t.text.as_str()).collect();
+            let refused = parts.iter().any(|t| t.outcome == Outcome::Refused);
+            Translation {
+                text: s.join(&texts),
+                source_tokens: parts.iter().map(|t| t.source_tokens).sum(),
+                output_tokens: parts.iter().map(|t| t.output_tokens).sum(),
+                outcome: if refused {
+                    Outcome::Refused
+                } else {
+                    Outcome::Eos
+                },
+                ..Translation::refused(0)
+            }
+        })
+        .collect())
 }
 
 /// Up to `n` lines without their line endings; a line that is not UTF-8 is an error that names
