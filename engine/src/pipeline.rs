@@ -93,6 +93,20 @@ impl Attempts {
     }
 }
 
+impl Outcome {
+    /// The outcome of a text translated in parts: refused, or stopped at the budget, when
+    /// one of its parts was.
+    pub fn of_parts(parts: impl IntoIterator<Item = Outcome>) -> Outcome {
+        parts
+            .into_iter()
+            .fold(Outcome::Eos, |joined, part| match (joined, part) {
+                (Outcome::Refused, _) | (_, Outcome::Refused) => Outcome::Refused,
+                (Outcome::Budget, _) | (_, Outcome::Budget) => Outcome::Budget,
+                _ => Outcome::Eos,
+            })
+    }
+}
+
 /// One text's translation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Translation {
@@ -622,6 +636,14 @@ mod tests {
                 index: 1
             }))
         ));
+    }
+
+    #[test]
+    fn a_text_in_parts_is_refused_or_stopped_when_a_part_was() {
+        use Outcome::{Budget, Eos, Refused};
+        assert_eq!(Outcome::of_parts([]), Eos);
+        assert_eq!(Outcome::of_parts([Eos, Budget, Eos]), Budget);
+        assert_eq!(Outcome::of_parts([Budget, Refused, Eos]), Refused);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the text's own whitespace: Wikimedia's segmenter ([`sentencex`]), which knows each
 //! language's abbreviations and sentence ends.
 
-use crate::pipeline::is_blank;
+use crate::pipeline::{is_blank, Outcome, Translation};
 
 /// A text cut into sentences: `gaps[0]` comes before the first sentence, `gaps[i]` between
 /// sentence `i - 1` and sentence `i`, and the last gap after the last sentence, so that
@@ -28,6 +28,37 @@ impl Sentences {
         }
         out
     }
+}
+
+/// One translation per text from its sentences' translations (`translations` in order, text
+/// after text, `split[i]` text `i`'s sentences): joined with the text's own whitespace, the
+/// subword counts summed (a target or predicted length only when every sentence had one),
+/// the first sentence's length source and mode, cut or refused or stopped at the budget when
+/// one of its sentences was.
+pub fn join_translations(split: &[Sentences], translations: Vec<Translation>) -> Vec<Translation> {
+    let mut translations = translations.into_iter();
+    split
+        .iter()
+        .map(|sentences| {
+            let parts: Vec<Translation> = translations
+                .by_ref()
+                .take(sentences.sentences.len())
+                .collect();
+            let texts: Vec<&str> = parts.iter().map(|t| t.text.as_str()).collect();
+            Translation {
+                text: sentences.join(&texts),
+                source_tokens: parts.iter().map(|t| t.source_tokens).sum(),
+                output_tokens: parts.iter().map(|t| t.output_tokens).sum(),
+                target_length: parts.iter().map(|t| t.target_length).sum(),
+                length_source: parts.first().and_then(|t| t.length_source),
+                predicted_length: parts.iter().map(|t| t.predicted_length).sum(),
+                length_mode: parts.first().and_then(|t| t.length_mode),
+                truncated: parts.iter().any(|t| t.truncated),
+                outcome: Outcome::of_parts(parts.iter().map(|t| t.outcome)),
+                candidates: Vec::new(),
+            }
+        })
+        .collect()
 }
 
 /// Cuts `text` into the sentences of `language` (an ISO 639-1 code such as `"en"`; the

@@ -289,7 +289,6 @@ fn join_verses(indices: &[usize], verses: &[Option<Translation>]) -> Translation
         .iter()
         .map(|&v| verses[v].as_ref().expect("every used verse is translated"))
         .collect();
-    let has = |o: Outcome| parts.iter().any(|t| t.outcome == o);
     Translation {
         text: parts
             .iter()
@@ -305,13 +304,7 @@ fn join_verses(indices: &[usize], verses: &[Option<Translation>]) -> Translation
         length_mode: None,
         truncated: false,
         candidates: Vec::new(),
-        outcome: if has(Outcome::Refused) {
-            Outcome::Refused
-        } else if has(Outcome::Budget) {
-            Outcome::Budget
-        } else {
-            Outcome::Eos
-        },
+        outcome: Outcome::of_parts(parts.iter().map(|t| t.outcome)),
     }
 }
 

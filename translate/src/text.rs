@@ -53,9 +53,7 @@ pub fn translate_stream(
     }
 }
 
-/// Each line's translation from its sentences' (as `split_sentences` does on the server):
-/// the texts joined with the line's own spacing, the subword counts summed, refused when a
-/// sentence was.
+/// Each line's translation from its sentences' (as `split_sentences` does on the server).
 fn translate_sentences(translator: &mut Translator, lines: &[String]) -> Result<Vec<Translation>> {
     let language = translator.engine.info.source_language.clone();
     let split: Vec<Sentences> = lines
@@ -63,28 +61,8 @@ fn translate_sentences(translator: &mut Translator, lines: &[String]) -> Result<
         .map(|l| sentences::split(&language, l))
         .collect();
     let all: Vec<String> = split.iter().flat_map(|s| s.sentences.clone()).collect();
-    let mut translated = translator
-        .translate(&all, &vec![None; all.len()])?
-        .into_iter();
-    Ok(split
-        .iter()
-        .map(|s| {
-            let parts: Vec<Translation> = translated.by_ref().take(s.sentences.len()).collect();
-            let texts: Vec<&str> = parts.iter().map(|t| t.text.as_str()).collect();
-            let refused = parts.iter().any(|t| t.outcome == Outcome::Refused);
-            Translation {
-                text: s.join(&texts),
-                source_tokens: parts.iter().map(|t| t.source_tokens).sum(),
-                output_tokens: parts.iter().map(|t| t.output_tokens).sum(),
-                outcome: if refused {
-                    Outcome::Refused
-                } else {
-                    Outcome::Eos
-                },
-                ..Translation::refused(0)
-            }
-        })
-        .collect())
+    let translated = translator.translate(&all, &vec![None; all.len()])?;
+    Ok(sentences::join_translations(&split, translated))
 }
 
 /// Up to `n` lines without their line endings; a line that is not UTF-8 is an error that names

@@ -88,40 +88,6 @@ impl ValidRequest<'_> {
 /// (`--max-texts-per-request`).
 pub const SENTENCES_PER_TEXT: usize = 16;
 
-/// One translation per request text from its sentences' translations (in order, text after
-/// text): joined with the text's own whitespace, their counts summed.
-fn join_sentences(
-    split: &[Sentences],
-    translations: Vec<nmt_engine::Translation>,
-) -> Vec<Translation> {
-    let mut translations = translations.into_iter();
-    split
-        .iter()
-        .map(|sentences| {
-            let parts: Vec<nmt_engine::Translation> = translations
-                .by_ref()
-                .take(sentences.sentences.len())
-                .collect();
-            let texts: Vec<&str> = parts.iter().map(|t| t.text.as_str()).collect();
-            let sum = |f: fn(&nmt_engine::Translation) -> Option<f64>| {
-                parts.iter().map(f).sum::<Option<f64>>()
-            };
-            Translation {
-                text: sentences.join(&texts),
-                source_tokens: parts.iter().map(|t| t.source_tokens).sum(),
-                output_tokens: parts.iter().map(|t| t.output_tokens).sum(),
-                target_length: parts.iter().map(|t| t.target_length).sum(),
-                length_source: parts.first().and_then(|t| t.length_source),
-                predicted_length: sum(|t| t.predicted_length),
-                length_mode: parts.first().and_then(|t| t.length_mode),
-                truncated: parts.iter().any(|t| t.truncated),
-                sentences: Some(parts.len()),
-                length_candidates: None,
-            }
-        })
-        .collect()
-}
-
 /// The service; cheap to clone.
 #[derive(Clone)]
 pub struct Infer {
@@ -473,7 +439,14 @@ impl Infer {
                 .await?;
             let translations = match &valid.split {
                 None => translations.into_iter().map(Translation::from).collect(),
-                Some(split) => join_sentences(split, translations),
+                Some(split) => sentences::join_translations(split, translations)
+                    .into_iter()
+                    .zip(split)
+                    .map(|(t, s)| Translation {
+                        sentences: Some(s.sentences.len()),
+                        ..Translation::from(t)
+                    })
+                    .collect(),
             };
             Ok(TranslateResponse {
                 model: model.name().to_string(),
