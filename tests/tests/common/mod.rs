@@ -26,7 +26,10 @@ pub fn translate_cli(args: &[&str], stdin: &str) -> std::process::Output {
         .spawn()
         .expect("starting nmt-translate");
     let mut pipe = child.stdin.take().unwrap();
-    pipe.write_all(stdin.as_bytes()).unwrap();
+    // One that refuses its flags exits before it reads its input, closing the pipe.
+    if let Err(e) = pipe.write_all(stdin.as_bytes()) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
     drop(pipe);
     child.wait_with_output().unwrap()
 }
