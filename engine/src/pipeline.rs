@@ -75,6 +75,24 @@ pub enum Outcome {
     Refused,
 }
 
+/// `plans` less the rows that would decode alike: in exact mode every row ends at its length,
+/// pulled or not ([`LengthPlan::pulled`] only tells soft mode's rows apart), so one row a
+/// target, counting those `tried`.
+fn distinct_rows(
+    text: &ValidText,
+    plans: Vec<LengthPlan>,
+    tried: &[LengthPlan],
+) -> Vec<LengthPlan> {
+    if text.length.mode != LengthMode::Exact {
+        return plans;
+    }
+    let mut seen: std::collections::HashSet<_> = tried.iter().map(|p| p.target).collect();
+    plans
+        .into_iter()
+        .filter(|p| seen.insert(p.target))
+        .collect()
+}
+
 /// A text's rows so far: the plans it was decoded under and, in the same order, what each
 /// gave.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -374,14 +392,8 @@ impl Pipeline {
         let Some(goal) = &text.goal else {
             return vec![*plan];
         };
-        let mut plans =
-            goal.candidate_plans(plan, self.length.chars_per_subword, self.max_output());
-        if text.length.mode == LengthMode::Exact {
-            // Exact mode ends every row at its length, pulled or not: one row a target.
-            let mut seen = std::collections::HashSet::new();
-            plans.retain(|p| seen.insert(p.target));
-        }
-        plans
+        let plans = goal.candidate_plans(plan, self.length.chars_per_subword, self.max_output());
+        distinct_rows(text, plans, &[])
     }
 
     /// What the decode loop takes for `text` under `plan`.
@@ -412,12 +424,8 @@ impl Pipeline {
             return Ok(Vec::new());
         };
         let (_, candidates) = self.candidates(index, text, goal, attempts)?;
-        let mut plans = goal.second_round(&attempts.plans, &candidates, self.max_output());
-        if text.length.mode == LengthMode::Exact {
-            // Exact mode ends every row at its length, pulled or not: a target tried is done.
-            plans.retain(|p| attempts.plans.iter().all(|t| t.target != p.target));
-        }
-        Ok(plans)
+        let plans = goal.second_round(&attempts.plans, &candidates, self.max_output());
+        Ok(distinct_rows(text, plans, &attempts.plans))
     }
 
     /// The translation of text `index` from what its rows gave: with a character goal, the

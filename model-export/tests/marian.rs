@@ -17,7 +17,7 @@ use model_export::marian::{import_marian, ImportMarianArgs, BANNED_LOGIT};
 use model_export::quantize::{quantize_package, Python, QuantizeArgs};
 use model_package::{Manifest, Precision};
 use nmt_engine::backend::Backend;
-use nmt_engine::decode::{greedy_decode, DecodeInput, SpecialIds};
+use nmt_engine::decode::{greedy_decode, DecodeInput, DecodeOutput, SpecialIds};
 use nmt_engine::length::LengthRequest;
 use nmt_engine::onnx::{Device, OrtBackend, OrtRows, SessionOptions};
 use nmt_engine::{Engine, EngineOptions, RequestLimits};
@@ -110,6 +110,25 @@ fn teacher_forced_difference(backend: &mut OrtBackend, forced: &[Forced], banned
     worst
 }
 
+/// Every reference input in one running batch, each under its own budget, as the server
+/// decodes.
+fn greedy(
+    backend: &mut OrtBackend,
+    manifest: &Manifest,
+    reference: &Reference,
+) -> Vec<DecodeOutput> {
+    let special = SpecialIds {
+        bos: manifest.bos_id,
+        eos: manifest.eos_id,
+    };
+    let inputs: Vec<DecodeInput> = reference
+        .cases
+        .iter()
+        .map(|c| DecodeInput::new(c.source_ids.clone(), c.budget))
+        .collect();
+    greedy_decode(backend, special, &inputs).unwrap()
+}
+
 fn check_dir(name: &str, hf_dir: &Path) {
     let reference = reference(hf_dir);
     let work = tempfile::tempdir().unwrap();
@@ -133,17 +152,7 @@ fn check_dir(name: &str, hf_dir: &Path) {
     println!("{name}: teacher-forced logits: max |onnx - transformers| = {worst:e} over {positions} positions");
     assert!(worst < LOGIT_TOLERANCE, "{name}: logits off by {worst}");
 
-    // Every input in one running batch, each under its own budget, as the server decodes.
-    let special = SpecialIds {
-        bos: manifest.bos_id,
-        eos: manifest.eos_id,
-    };
-    let inputs: Vec<DecodeInput> = reference
-        .cases
-        .iter()
-        .map(|c| DecodeInput::new(c.source_ids.clone(), c.budget))
-        .collect();
-    let outputs = greedy_decode(&mut backend, special, &inputs).unwrap();
+    let outputs = greedy(&mut backend, &manifest, &reference);
     let same = reference
         .cases
         .iter()
@@ -233,17 +242,7 @@ fn an_imported_model_quantizes() {
     );
     assert!(quantized.decoder.matmul_integer > 0 && quantized.encoder.matmul_integer > 0);
 
-    let mut backend = backend(&int8, &manifest);
-    let special = SpecialIds {
-        bos: manifest.bos_id,
-        eos: manifest.eos_id,
-    };
-    let inputs: Vec<DecodeInput> = reference
-        .cases
-        .iter()
-        .map(|c| DecodeInput::new(c.source_ids.clone(), c.budget))
-        .collect();
-    let outputs = greedy_decode(&mut backend, special, &inputs).unwrap();
+    let outputs = greedy(&mut backend(&int8, &manifest), &manifest, &reference);
     let (same, all) = reference
         .cases
         .iter()
