@@ -22,6 +22,7 @@ HEAVY = [
     "sacrebleu",
     "transformers",
     "sentencepiece",
+    "safetensors",
 ]
 
 # Runs a module as `python3 -m` does, with the heavy packages made unimportable.
@@ -65,6 +66,7 @@ def test_every_tool_is_found() -> None:
         "nmt_tools.studies.length_study",
         "nmt_tools.studies.char_length",
         "nmt_tools.studies.position_study",
+        "nmt_tools.training.torch_train",
         "nmt_tools.training.torch_train_bench",
     }
 

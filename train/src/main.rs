@@ -17,6 +17,9 @@ enum Command {
     Tokenizer(nmt_train::tokenizer::TokenizerArgs),
     /// Train a model and write checkpoints.
     Train(nmt_train::train::TrainArgs),
+    /// Write a corpus split as JSON lines (placeholder masking decided here) for the PyTorch
+    /// trainer that runs where a GPU is.
+    Pairs(nmt_train::train::pairs::PairsArgs),
     /// Average the weights of several checkpoints into one (export it like any checkpoint).
     Average(nmt_train::train::checkpoint::AverageArgs),
     /// Train the length predictor (a head on a frozen BERT) and measure it against the
@@ -39,6 +42,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Tokenizer(args) => nmt_train::tokenizer::run(args),
         Command::Train(args) => nmt_train::train::run(args),
+        Command::Pairs(args) => nmt_train::train::pairs::run(args),
         Command::Average(args) => nmt_train::train::checkpoint::run_average(args),
         Command::LengthPredictor(args) => nmt_train::length::run(args),
     }

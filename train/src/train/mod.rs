@@ -24,6 +24,7 @@ use optim::{learning_rate, Adam};
 pub mod batch;
 pub mod checkpoint;
 pub mod optim;
+pub mod pairs;
 
 /// Without a progress bar (`--quiet`), a status line every this many steps.
 const QUIET_LOG_EVERY: usize = 50;
@@ -256,16 +257,28 @@ pub fn mask_pairs(pairs: &mut [(String, String)], fraction: f64, seed: u64) -> u
     }
     let mut masked = 0;
     for (i, pair) in pairs.iter_mut().enumerate() {
-        let mut rng = SmallRng::seed_from_u64(seed ^ 0xBB67_AE85_84CA_A73B ^ (i as u64) << 1);
-        if rng.gen::<f64>() >= fraction {
-            continue;
-        }
-        if let Some((en, es)) = placeholders::mask_pair(&pair.0, &pair.1) {
-            *pair = (en, es);
+        if let Some(masked_pair) = masked_variant(i, pair, fraction, seed) {
+            *pair = masked_pair;
             masked += 1;
         }
     }
     masked
+}
+
+/// The masked form of the pair at `index` if [`mask_pairs`] masks it: drawn with
+/// probability `fraction` from (`seed`, `index`), and only where the two sides carry the
+/// same spans.
+pub fn masked_variant(
+    index: usize,
+    pair: &(String, String),
+    fraction: f64,
+    seed: u64,
+) -> Option<(String, String)> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xBB67_AE85_84CA_A73B ^ (index as u64) << 1);
+    if fraction <= 0.0 || rng.gen::<f64>() >= fraction {
+        return None;
+    }
+    placeholders::mask_pair(&pair.0, &pair.1)
 }
 
 /// `round(fraction * n)` long pairs, each 2 to `max_verses` of `pairs` two lines apart joined
@@ -721,6 +734,26 @@ mod tests {
         for bad in ["bible", "=2", "bible/=0", "bible/=x"] {
             assert!(bad.parse::<Oversample>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_pairs_file_masks_what_training_masks() {
+        let pairs: Vec<(String, String)> = (0..200)
+            .map(|i| {
+                (
+                    format!("Open %s in {i} ways"),
+                    format!("Abrir %s de {i} maneras"),
+                )
+            })
+            .collect();
+        let mut trained = pairs.clone();
+        let count = mask_pairs(&mut trained, 0.5, 9);
+        assert!(count > 60 && count < 140, "{count}");
+        for (i, (pair, trained)) in pairs.iter().zip(&trained).enumerate() {
+            let written = masked_variant(i, pair, 0.5, 9);
+            assert_eq!(written.as_ref().unwrap_or(pair), trained, "pair {i}");
+        }
+        assert!(masked_variant(3, &pairs[3], 0.0, 9).is_none());
     }
 
     #[test]

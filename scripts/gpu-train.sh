@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Trains the shipped model's shape on a GPU with PyTorch (nmt_tools.training.torch_train) and
+# leaves the checkpoints as files a size-capped transfer can carry back. Runs where torch,
+# tokenizers and safetensors are installed and a CUDA device is present (a lent GPU machine);
+# nothing here downloads. DATA holds what `nmt-train pairs` and a checkpoint give:
+#   train.jsonl.xz, dev.jsonl, l10n-dev.jsonl, tokenizer.json, config.json, init.safetensors
+# Usage: DATA=gpu OUT=/tmp/out MINUTES=7.5 scripts/gpu-train.sh [extra torch_train flags]
+# Back here: python3 -m nmt_tools.training.torch_train join --parts OUT --prefix last- ...
+set -uo pipefail
+DATA=$(realpath "${DATA:?folder of training data}")
+OUT=$(realpath "${OUT:?folder for the results}")
+MINUTES=${MINUTES:-7.5}
+cd "$(dirname "$0")/../tools"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/train.log"
+python3 -c 'import torch, tokenizers; print("torch", torch.__version__, "tokenizers", tokenizers.__version__)' | tee -a "$OUT/train.log"
+init=()
+[ -f "$DATA/init.safetensors" ] && init=(--init-from "$DATA/init.safetensors")
+PYTHONUNBUFFERED=1 python3 -m nmt_tools.training.torch_train train \
+    --pairs "$DATA/train.jsonl.xz" --dev "$DATA/dev.jsonl" --dev "$DATA/l10n-dev.jsonl" \
+    --tokenizer "$DATA/tokenizer.json" --config "$DATA/config.json" "${init[@]}" \
+    --out /tmp/checkpoints --minutes "$MINUTES" --bf16 --ema-half "$@" 2>&1 | tee -a "$OUT/train.log"
+status=$?
+# Whatever was saved comes back, also after a failure or a kill mid-run.
+for kind in last ema; do
+    [ -d /tmp/checkpoints/$kind ] && python3 -m nmt_tools.training.torch_train split \
+        --checkpoint /tmp/checkpoints/$kind --out "$OUT" --prefix "$kind-" --max-mib 15.9
+done
+exit $status

@@ -1,0 +1,574 @@
+"""The shipped Transformer trained in PyTorch, for a machine with a GPU: the same model, the same
+checkpoint format and the same objective as `nmt-train train`, so that `nmt-export --checkpoint`
+packages what it writes and `nmt-train train --init-from` continues it on the CPU.
+
+`nmt-train train` (candle, CPU only) manages ~850 target subwords/s on two cores; a GPU lent for
+minutes is worth more than a day of it. This module mirrors, in torch:
+
+- the model of `train/src/model` (pre-norm Transformer, tied and sqrt(d)-scaled embeddings,
+  Shaw et al.'s relative self-attention with tables shared by the heads, LDPE/LRPE length
+  encodings in the decoder, no attention dropout), parameter for parameter under the same
+  checkpoint names (`encoder.layers.0.self_attn.relative_keys`, ...);
+- the objective and schedule of `train/src/train` (label-smoothed cross-entropy averaged over
+  target tokens, Adam with betas 0.9/0.98 and eps 1e-9, global-norm clipping, linear warm-up
+  then 1/sqrt(step), Oka et al.'s length noise, token-count batches);
+- the data steps that only repeat or join pairs (`--oversample`, `--joined-fraction`): the pairs
+  come from `nmt-train pairs`, which decides placeholder masking by the Rust rule.
+
+Joined examples are joined as subwords (the Rust trainer joins the texts with a space before
+tokenizing, which gives the same subwords with this tokenizer's metaspace) and unmasked.
+Training stops `--minutes` after the program started and writes a checkpoint every `--save-minutes`, so a
+lease that ends early still leaves one. Beside the trained weights it keeps an exponential moving
+average (`--ema`), written as a second checkpoint in `OUT/ema`.
+
+Needs PyPI torch, safetensors and tokenizers (`pip install -e 'tools[torch]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import lzma
+import math
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MODULE = "nmt_tools.training.torch_train"
+PAD, BOS, EOS = 0, 1, 2
+# Added to attention scores at masked keys, as in train/src/model/layers.rs.
+MASKED_SCORE = -1e9
+WEIGHTS_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "trainer_state.json"
+
+
+@dataclass
+class Example:
+    """One tokenized pair: `source` ends with EOS, `target` holds the bare subwords."""
+
+    source: list[int]
+    target: list[int]
+
+
+def read_pairs(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of `nmt-train pairs` (plain or `.xz`)."""
+    opener = lzma.open if path.suffix == ".xz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def parse_oversample(rule: str) -> tuple[str, int]:
+    prefix, _, times = rule.rpartition("=")
+    if not prefix or not times.isdigit() or int(times) < 1:
+        raise argparse.ArgumentTypeError(f"expected PREFIX=TIMES, got {rule!r}")
+    return prefix, int(times)
+
+
+def encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:  # noqa: ANN401
+    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def training_examples(
+    pairs: list[dict[str, Any]],
+    tokenizer: Any,  # noqa: ANN401
+    oversample: list[tuple[str, int]],
+    joined_fraction: float,
+    joined_max_verses: int,
+    max_len: int,
+    seed: int,
+) -> list[Example]:
+    """Pairs -> examples as `nmt-train train` builds them: oversampled copies appended in corpus
+    order, then `round(joined_fraction * n)` joined examples of 2..max pairs two lines apart,
+    then everything longer than `max_len` on either side dropped."""
+    plain_src = encode(tokenizer, [p["source"] for p in pairs])
+    plain_tgt = encode(tokenizer, [p["target"] for p in pairs])
+    masked_at = [i for i, p in enumerate(pairs) if p.get("masked")]
+    masked_src = encode(tokenizer, [pairs[i]["masked"][0] for i in masked_at])
+    masked_tgt = encode(tokenizer, [pairs[i]["masked"][1] for i in masked_at])
+    shown_src, shown_tgt = list(plain_src), list(plain_tgt)
+    for k, i in enumerate(masked_at):
+        shown_src[i], shown_tgt[i] = masked_src[k], masked_tgt[k]
+    order = list(range(len(pairs)))
+    for prefix, times in oversample:
+        chosen = [i for i in range(len(pairs)) if pairs[i]["origin"].startswith(prefix)]
+        order.extend(chosen * (times - 1))
+    examples = [Example(shown_src[i] + [EOS], shown_tgt[i]) for i in order]
+    rng = random.Random(seed ^ 0x6A09E667)
+    for _ in range(round(joined_fraction * len(order))):
+        parts = rng.randint(2, max(2, joined_max_verses))
+        span = 2 * (parts - 1)
+        if len(order) <= span:
+            continue
+        start = rng.randrange(len(order) - span)
+        chosen = [order[start + 2 * k] for k in range(parts)]
+        source = [t for i in chosen for t in plain_src[i]] + [EOS]
+        examples.append(Example(source, [t for i in chosen for t in plain_tgt[i]]))
+    return [e for e in examples if len(e.source) <= max_len and len(e.target) + 1 <= max_len]
+
+
+def dev_examples(tokenizer: Any, paths: Sequence[Path], limit: int, max_len: int) -> list[Example]:  # noqa: ANN401
+    """The first `limit` pairs of each dev file, as `nmt-train`'s dev loss reads them."""
+    examples = []
+    for path in paths:
+        pairs = read_pairs(path)[:limit]
+        sources = encode(tokenizer, [p["source"] for p in pairs])
+        targets = encode(tokenizer, [p["target"] for p in pairs])
+        examples += [
+            Example(s + [EOS], t)
+            for s, t in zip(sources, targets, strict=True)
+            if len(s) + 1 <= max_len and len(t) + 1 <= max_len
+        ]
+    return examples
+
+
+def token_batches(examples: Sequence[Example], max_tokens: int, rng: random.Random) -> list[list[int]]:
+    """Groups of similar length with rows x longest side <= max_tokens, in random order."""
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: (len(examples[i].source), len(examples[i].target)))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        size = max(len(examples[i].source), len(examples[i].target) + 1)
+        grown = max(longest, size)
+        if current and grown * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], size
+        else:
+            longest = grown
+        current.append(i)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def pad(rows: Sequence[Sequence[int]]) -> Any:  # noqa: ANN401 (a torch tensor)
+    """Rows of ids -> `[rows, longest]` int64, PAD after each row (filled in one numpy step: a
+    GPU step is shorter than a Python loop over thousands of rows)."""
+    import numpy as np
+    import torch
+
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+    out = np.full((len(rows), int(lengths.max())), PAD, dtype=np.int64)
+    out[np.arange(out.shape[1])[None, :] < lengths[:, None]] = flat
+    return torch.from_numpy(out)
+
+
+def batch_tensors(rows: Sequence[Example], device: Any) -> dict[str, Any]:  # noqa: ANN401
+    import torch
+
+    source = pad([e.source for e in rows])
+    return {
+        "source": source.to(device, non_blocking=True),
+        "decoder_input": pad([[BOS, *e.target] for e in rows]).to(device, non_blocking=True),
+        "decoder_output": pad([[*e.target, EOS] for e in rows]).to(device, non_blocking=True),
+        "lengths": torch.tensor([len(e.target) for e in rows]).to(device, non_blocking=True),
+    }
+
+
+def build_model(config: dict[str, Any]) -> Any:  # noqa: ANN401 (a torch module)
+    """The Transformer of `train/src/model/transformer.rs` for a config of `nmt-train`'s presets
+    that it supports: pre-norm, relative self-attention (keys and values) or none, no absolute
+    positions, an LDPE/LRPE length-aware decoder or none, no recurrent position encoder."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch import nn
+
+    unsupported = {
+        "architecture": config["architecture"] != "transformer",
+        "norm": config["norm"] != "pre",
+        "absolute_position": config["absolute_position"] != "none",
+        "recurrent_position": config["recurrent_position"] != "none",
+        "relative_attention": config["relative_attention"] not in ("keys_values", "none"),
+    }
+    refused = [field for field, bad in unsupported.items() if bad]
+    if refused:
+        raise SystemExit(f"{MODULE}: this trainer does not build {', '.join(refused)} of {config['preset']}")
+    d, heads, p = config["d_model"], config["num_heads"], config["dropout"]
+    head_dim, clip, eps = d // heads, config["relative_clip"], config["layer_norm_eps"]
+    relative = config["relative_attention"] == "keys_values"
+    inverse = torch.tensor([10000.0 ** (-2.0 * i / d) for i in range(d // 2)], dtype=torch.float32)
+    exponents = torch.tensor([-2.0 * i / d for i in range(d // 2)], dtype=torch.float32)
+
+    def sin_cos(angles: Any) -> Any:  # noqa: ANN401
+        return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)
+
+    class Attention(nn.Module):  # type: ignore[misc]
+        def __init__(self, self_attention: bool) -> None:
+            super().__init__()
+            self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+            self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+            self.relative = relative and self_attention
+            if self.relative:
+                self.relative_keys = nn.Parameter(torch.randn(2 * clip + 1, head_dim) * head_dim**-0.5)
+                self.relative_values = nn.Parameter(torch.randn(2 * clip + 1, head_dim) * head_dim**-0.5)
+
+        def heads(self, x: Any) -> Any:  # noqa: ANN401
+            b, t, _ = x.shape
+            return x.view(b, t, heads, head_dim).transpose(1, 2)
+
+        def forward(self, x: Any, memory: Any, bias: Any) -> Any:  # noqa: ANN401
+            q = self.heads(self.q_proj(x)) * head_dim**-0.5
+            k, v = self.heads(self.k_proj(memory)), self.heads(self.v_proj(memory))
+            scores = q @ k.transpose(-1, -2)
+            if self.relative:
+                tq, tk = q.shape[2], k.shape[2]
+                distance = torch.arange(tk, device=x.device)[None, :] - torch.arange(tq, device=x.device)[:, None]
+                index = distance.clamp(-clip, clip) + clip
+                by_distance = q @ self.relative_keys.t().to(q.dtype)
+                scores = scores + by_distance.gather(3, index.expand(q.shape[0], heads, tq, tk))
+            probs = torch.softmax(scores.float() + bias, dim=-1).to(v.dtype)
+            context = probs @ v
+            if self.relative:
+                one_hot = F.one_hot(index, 2 * clip + 1).to(probs.dtype)
+                per_distance = torch.einsum("bhqk,qkr->bhqr", probs, one_hot)
+                context = context + per_distance @ self.relative_values.to(probs.dtype)
+            b, _, t, _ = context.shape
+            return self.out_proj(context.transpose(1, 2).reshape(b, t, d))
+
+    class FeedForward(nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(d, config["ffn_dim"]), nn.Linear(config["ffn_dim"], d)
+
+        def forward(self, x: Any) -> Any:  # noqa: ANN401
+            return self.fc2(F.dropout(F.relu(self.fc1(x)), p, self.training))
+
+    class Layer(nn.Module):  # type: ignore[misc]
+        def __init__(self, cross: bool) -> None:
+            super().__init__()
+            self.self_attn, self.self_attn_norm = Attention(True), nn.LayerNorm(d, eps=eps)
+            if cross:
+                self.cross_attn, self.cross_attn_norm = Attention(False), nn.LayerNorm(d, eps=eps)
+            self.ffn, self.ffn_norm = FeedForward(), nn.LayerNorm(d, eps=eps)
+
+        def forward(self, x: Any, self_bias: Any, memory: Any = None, memory_bias: Any = None) -> Any:  # noqa: ANN401
+            h = self.self_attn_norm(x)
+            x = x + F.dropout(self.self_attn(h, h, self_bias), p, self.training)
+            if memory is not None:
+                h = self.cross_attn_norm(x)
+                x = x + F.dropout(self.cross_attn(h, memory, memory_bias), p, self.training)
+            return x + F.dropout(self.ffn(self.ffn_norm(x)), p, self.training)
+
+    class Stack(nn.Module):  # type: ignore[misc]
+        def __init__(self, layers: int, cross: bool) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([Layer(cross) for _ in range(layers)])
+            self.final_norm = nn.LayerNorm(d, eps=eps)
+
+    class Transformer(nn.Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(config["vocab_size"], d)
+            nn.init.normal_(self.embed.weight, std=d**-0.5)
+            self.encoder = Stack(config["encoder_layers"], cross=False)
+            self.decoder = Stack(config["decoder_layers"], cross=True)
+            self.register_buffer("inverse", inverse, persistent=False)
+            self.register_buffer("exponents", exponents, persistent=False)
+
+        def length_encoding(self, lengths: Any, t: int) -> Any:  # noqa: ANN401
+            positions = torch.arange(t, device=lengths.device, dtype=torch.float32)[None, :, None]
+            lengths = lengths.float()[:, None, None]
+            if config["length_encoding"] == "ldpe":
+                return sin_cos((lengths - positions) * self.inverse)
+            return sin_cos(positions * torch.exp(lengths.clamp(min=1).log() * self.exponents))
+
+        def forward(self, source: Any, decoder_input: Any, lengths: Any) -> Any:  # noqa: ANN401
+            keys = torch.where(source == PAD, MASKED_SCORE, 0.0)[:, None, None, :]
+            x = F.dropout(self.embed(source) * d**0.5, p, self.training)
+            for layer in self.encoder.layers:
+                x = layer(x, keys)
+            memory = self.encoder.final_norm(x)
+            t = decoder_input.shape[1]
+            causal = torch.full((t, t), MASKED_SCORE, device=source.device).triu(1)
+            y = self.embed(decoder_input) * d**0.5
+            if config["length_encoding"] != "none":
+                y = y + self.length_encoding(lengths, t)
+            y = F.dropout(y, p, self.training)
+            for layer in self.decoder.layers:
+                y = layer(y, causal, memory, keys)
+            return self.decoder.final_norm(y) @ self.embed.weight.t().to(y.dtype)
+
+    model = Transformer()
+    for name, param in model.named_parameters():
+        if name.endswith("bias"):
+            nn.init.zeros_(param)
+        elif param.dim() == 2 and "embed" not in name and "relative" not in name:
+            nn.init.xavier_uniform_(param)
+    return model
+
+
+def learning_rate(step: int, peak: float, warmup: int) -> float:
+    step, warmup = max(step, 1), max(warmup, 1)
+    return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+def save_checkpoint(model: Any, config: dict[str, Any], state: dict[str, Any], out: Path, half: bool = False) -> None:  # noqa: ANN401
+    """`nmt-train`'s checkpoint layout (weights, config, trainer state), written to a temporary
+    folder and renamed so that a kill mid-write leaves the previous one."""
+    import torch
+    from safetensors.torch import save_file
+
+    dtype = torch.float16 if half else torch.float32
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(tmp / WEIGHTS_FILE))
+    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
+    if out.exists():
+        for f in out.iterdir():
+            f.unlink()
+        out.rmdir()
+    tmp.rename(out)
+
+
+def load_weights(model: Any, path: Path) -> None:  # noqa: ANN401
+    from safetensors.torch import load_file
+
+    tensors = {k: v.float() for k, v in load_file(str(path)).items()}
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"{MODULE}: {path}: missing {missing}, unexpected {unexpected}")
+
+
+def dev_loss(model: Any, examples: Sequence[Example], batch_tokens: int, device: Any, autocast: Any) -> float:  # noqa: ANN401
+    """Plain NLL per target token at the references' own lengths, as `nmt-train`'s dev loss."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    model.eval()
+    nll, tokens = 0.0, 0
+    with torch.no_grad(), autocast():
+        for indices in token_batches(examples, batch_tokens, random.Random(0)):
+            b = batch_tensors([examples[i] for i in indices], device)
+            logits = model(b["source"], b["decoder_input"], b["lengths"]).float()
+            out = b["decoder_output"]
+            nll += F.cross_entropy(logits.flatten(0, 1), out.flatten(), ignore_index=PAD, reduction="sum").item()
+            tokens += int((out != PAD).sum().item())
+    model.train()
+    return nll / max(tokens, 1)
+
+
+def endless_batches(examples: list[Example], batch_tokens: int, seed: int) -> Iterator[tuple[int, list[int]]]:
+    epoch = 0
+    while True:
+        for batch in token_batches(examples, batch_tokens, random.Random(seed * 1_000_003 + epoch)):
+            yield epoch, batch
+        epoch += 1
+
+
+def train(args: argparse.Namespace) -> None:
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from tokenizers import Tokenizer
+
+    started = time.monotonic()
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    config = json.loads(args.config.read_text())
+    tokenizer = Tokenizer.from_file(str(args.tokenizer))
+    examples = training_examples(
+        read_pairs(args.pairs),
+        tokenizer,
+        args.oversample,
+        args.joined_fraction,
+        args.joined_max_verses,
+        args.max_len,
+        args.seed,
+    )
+    dev = dev_examples(tokenizer, args.dev, args.dev_limit, args.max_len)
+    print(f"{len(examples)} training examples, {len(dev)} dev, ready in {time.monotonic() - started:.0f} s", flush=True)
+    model = build_model(config).to(device)
+    if args.init_from:
+        load_weights(model, args.init_from)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    weights = list(model.state_dict().values())
+    ema = [w.detach().clone().float() for w in weights]
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, fused=device.type == "cuda"
+    )
+
+    def autocast() -> Any:  # noqa: ANN401
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
+
+    noise = config.get("length_noise", 0)
+    state: dict[str, Any] = {"step": 0, "target_tokens_seen": 0, "source_tokens_seen": 0, "seed": args.seed}
+    train_started = time.monotonic()
+    last_save, last_log, log_tokens = train_started, train_started, 0
+    batches = endless_batches(examples, args.batch_tokens, args.seed)
+    while True:
+        elapsed = time.monotonic() - started
+        if elapsed > args.minutes * 60 or (args.max_steps and state["step"] >= args.max_steps):
+            break
+        epoch, indices = next(batches)
+        b = batch_tensors([examples[i] for i in indices], device)
+        lengths = b["lengths"]
+        if noise:
+            lengths = (lengths + torch.randint(-noise, noise + 1, lengths.shape, device=device)).clamp(min=1)
+        lr = learning_rate(state["step"] + 1, args.lr, args.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with autocast():
+            logits = model(b["source"], b["decoder_input"], lengths)
+        out = b["decoder_output"]
+        loss = F.cross_entropy(
+            logits.float().flatten(0, 1), out.flatten(), ignore_index=PAD, label_smoothing=args.label_smoothing
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(ema, weights, 1 - args.ema)
+        # Counted on the host: reading them from the GPU would wait for every step to finish.
+        targets = sum(len(examples[i].target) + 1 for i in indices)
+        state["step"] += 1
+        state["epoch"] = epoch
+        state["target_tokens_seen"] += targets
+        state["source_tokens_seen"] += sum(len(examples[i].source) for i in indices)
+        log_tokens += targets
+        now = time.monotonic()
+        if now - last_log > args.log_seconds:
+            print(
+                f"step {state['step']} epoch {epoch} loss {loss.item():.3f} lr {lr:.1e} "
+                f"{log_tokens / (now - last_log):.0f} tgt tok/s, {now - started:.0f} s",
+                flush=True,
+            )
+            last_log, log_tokens = now, 0
+        if now - last_save > args.save_minutes * 60:
+            save_checkpoint(model, config, state, args.out / "last")
+            last_save = now
+    state["train_seconds"] = time.monotonic() - train_started
+    state["dev_loss"] = dev_loss(model, dev, args.batch_tokens, device, autocast)
+    save_checkpoint(model, config, state, args.out / "last")
+    averaged = build_model(config).to(device)
+    averaged.load_state_dict(dict(zip(model.state_dict().keys(), ema, strict=True)))
+    ema_state = {**state, "dev_loss": dev_loss(averaged, dev, args.batch_tokens, device, autocast), "ema": args.ema}
+    save_checkpoint(averaged, config, ema_state, args.out / "ema", half=args.ema_half)
+    print(json.dumps({"last": state, "ema": ema_state}), flush=True)
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    """The dev loss of a checkpoint: checks this model against `nmt-train`'s on the same weights."""
+    import torch
+    from tokenizers import Tokenizer
+
+    config = json.loads((args.checkpoint / CONFIG_FILE).read_text())
+    tokenizer = Tokenizer.from_file(str(args.tokenizer))
+    model = build_model(config)
+    load_weights(model, args.checkpoint / WEIGHTS_FILE)
+    dev = dev_examples(tokenizer, args.dev, args.dev_limit, args.max_len)
+    loss = dev_loss(model, dev, 3000, torch.device("cpu"), lambda: torch.autocast("cpu", enabled=False))
+    print(f"dev nll {loss:.4f} over {len(dev)} pairs")
+
+
+def split(args: argparse.Namespace) -> None:
+    """A checkpoint's weights as several files of at most `--max-mib` each (a transfer that caps
+    file sizes and counts), beside its trainer state; the config stays where training read it."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(args.checkpoint / WEIGHTS_FILE))
+    limit, size = args.max_mib * 2**20, 0
+    parts: list[dict[str, Any]] = []
+    part: dict[str, Any] = {}
+    for name in sorted(tensors):
+        nbytes = tensors[name].numel() * tensors[name].element_size()
+        if part and size + nbytes > limit:
+            parts.append(part)
+            part, size = {}, 0
+        part[name], size = tensors[name], size + nbytes
+    parts.append(part)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for k, part in enumerate(parts):
+        save_file(part, str(args.out / f"{args.prefix}weights-{k}.safetensors"))
+    (args.out / f"{args.prefix}{STATE_FILE}").write_bytes((args.checkpoint / STATE_FILE).read_bytes())
+    print(f"{args.checkpoint}: {len(parts)} parts -> {args.out}/{args.prefix}*")
+
+
+def join(args: argparse.Namespace) -> None:
+    """The inverse of `split`: one float32 nmt-train checkpoint from the parts."""
+    from safetensors.torch import load_file, save_file
+
+    tensors: dict[str, Any] = {}
+    for part in sorted(args.parts.glob(f"{args.prefix}weights-*.safetensors")):
+        tensors.update({k: v.float() for k, v in load_file(str(part)).items()})
+    if not tensors:
+        raise SystemExit(f"{MODULE}: no {args.prefix}weights-*.safetensors in {args.parts}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(args.out / WEIGHTS_FILE))
+    (args.out / STATE_FILE).write_bytes((args.parts / f"{args.prefix}{STATE_FILE}").read_bytes())
+    (args.out / CONFIG_FILE).write_bytes(args.config.read_bytes())
+    print(f"{len(tensors)} tensors -> {args.out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=f"python3 -m {MODULE}", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("train", help="train for a wall-clock budget and write checkpoints")
+    run.add_argument(
+        "--pairs", type=Path, required=True, help="training pairs from `nmt-train pairs` (.jsonl or .jsonl.xz)"
+    )
+    run.add_argument(
+        "--dev", type=Path, action="append", default=[], help="dev pairs from `nmt-train pairs` (repeatable)"
+    )
+    run.add_argument("--dev-limit", type=int, default=400, help="the first N pairs of each dev file")
+    run.add_argument("--tokenizer", type=Path, required=True, help="the tokenizer.json the checkpoint uses")
+    run.add_argument("--config", type=Path, required=True, help="a checkpoint's config.json (the model to build)")
+    run.add_argument("--init-from", type=Path, help="start from these weights (model.safetensors, f32 or f16)")
+    run.add_argument("--out", type=Path, required=True, help="writes OUT/last and OUT/ema (nmt-train checkpoints)")
+    run.add_argument(
+        "--minutes", type=float, default=8.0, help="wall-clock budget from the start, data preparation included"
+    )
+    run.add_argument("--max-steps", type=int, default=0, help="stop after this many updates (0: no limit)")
+    run.add_argument("--save-minutes", type=float, default=2.0, help="write OUT/last this often")
+    run.add_argument("--log-seconds", type=float, default=15.0, help="print a status line this often")
+    run.add_argument("--batch-tokens", type=int, default=24000, help="rows x longest side per batch")
+    run.add_argument("--lr", type=float, default=6e-4, help="peak learning rate, reached after warm-up")
+    run.add_argument("--warmup-steps", type=int, default=500, help="linear warm-up before 1/sqrt(step)")
+    run.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the loss")
+    run.add_argument(
+        "--oversample",
+        type=parse_oversample,
+        action="append",
+        default=[],
+        metavar="PREFIX=TIMES",
+        help="pairs whose origin starts with PREFIX appear TIMES times",
+    )
+    run.add_argument("--joined-fraction", type=float, default=0.0, help="this share of joined examples")
+    run.add_argument("--joined-max-verses", type=int, default=4, help="the most pairs one joined example joins")
+    run.add_argument("--max-len", type=int, default=256, help="drop examples longer than this on either side")
+    run.add_argument("--ema", type=float, default=0.999, help="decay of the weights' moving average")
+    run.add_argument("--ema-half", action="store_true", help="write OUT/ema in float16 (half the bytes)")
+    run.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU)")
+    run.add_argument("--device", default="cuda", help="torch device")
+    run.add_argument("--seed", type=int, default=1, help="seed of batches, dropout and joined examples")
+    check = commands.add_parser("dev-loss", help="the dev loss of a checkpoint (compare with nmt-train's)")
+    check.add_argument("--checkpoint", type=Path, required=True, help="an nmt-train checkpoint folder")
+    check.add_argument("--tokenizer", type=Path, required=True, help="its tokenizer.json")
+    check.add_argument("--dev", type=Path, action="append", required=True, help="dev pairs (repeatable)")
+    check.add_argument("--dev-limit", type=int, default=400, help="the first N pairs of each dev file")
+    check.add_argument("--max-len", type=int, default=256, help="drop pairs longer than this")
+    cut = commands.add_parser("split", help="a checkpoint's weights as files of a bounded size")
+    cut.add_argument("--checkpoint", type=Path, required=True, help="an nmt-train checkpoint folder")
+    cut.add_argument("--out", type=Path, required=True, help="folder for PREFIXweights-K.safetensors and the rest")
+    cut.add_argument("--prefix", default="", help="prefix of the written files' names")
+    cut.add_argument("--max-mib", type=float, default=15.0, help="largest weights file")
+    glue = commands.add_parser("join", help="one float32 checkpoint from the files of `split`")
+    glue.add_argument("--parts", type=Path, required=True, help="folder holding the parts")
+    glue.add_argument("--prefix", default="", help="the parts' prefix")
+    glue.add_argument("--config", type=Path, required=True, help="the config.json training read")
+    glue.add_argument("--out", type=Path, required=True, help="the checkpoint folder to write")
+    args = parser.parse_args(argv)
+    {"train": train, "dev-loss": evaluate, "split": split, "join": join}[args.command](args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

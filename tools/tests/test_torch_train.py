@@ -1,0 +1,84 @@
+"""The PyTorch trainer's data steps, which must build what `nmt-train train` builds (its model is
+checked against nmt-train's on real weights: the same dev loss, docs/training.md)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from nmt_tools.training.torch_train import (
+    EOS,
+    Example,
+    learning_rate,
+    parse_oversample,
+    token_batches,
+    training_examples,
+)
+
+
+@dataclass
+class Encoding:
+    ids: list[int]
+
+
+class WordTokenizer:
+    """One id per word: the number in `wN`, so that joins can be read back."""
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
+        assert not add_special_tokens
+        return [Encoding([int(w[1:]) for w in text.split()]) for text in texts]
+
+
+def pair(i: int, origin: str, masked: bool = False) -> dict[str, Any]:
+    return {
+        "origin": origin,
+        "source": f"w{i}",
+        "target": f"w{i + 100}",
+        "masked": [f"w{i + 1000}", f"w{i + 2000}"] if masked else None,
+    }
+
+
+def test_oversampled_pairs_repeat_and_masked_forms_replace_single_pairs() -> None:
+    pairs = [pair(0, "bible/a"), pair(1, "debian/x", masked=True), pair(2, "bible/b")]
+    examples = training_examples(pairs, WordTokenizer(), [("bible/", 3)], 0.0, 4, 256, 1)
+    sources = sorted(e.source[0] for e in examples)
+    assert sources == [0, 0, 0, 2, 2, 2, 1001]
+    assert all(e.source[-1] == EOS for e in examples)
+    masked = next(e for e in examples if e.source[0] == 1001)
+    assert masked.target == [2001]
+
+
+def test_joined_examples_join_unmasked_pairs_two_lines_apart() -> None:
+    pairs = [pair(i, "bible/a", masked=i % 2 == 0) for i in range(40)]
+    examples = training_examples(pairs, WordTokenizer(), [], 0.5, 4, 256, 7)
+    joined = examples[40:]
+    assert len(joined) == 20
+    for e in joined:
+        words = e.source[:-1]
+        assert 2 <= len(words) <= 4
+        assert all(b - a == 2 for a, b in zip(words, words[1:], strict=False)), words
+        assert e.target == [w + 100 for w in words]
+    assert max(len(e.source) - 1 for e in joined) == 4
+
+
+def test_examples_longer_than_max_len_are_dropped() -> None:
+    long = {"origin": "x", "source": " ".join(["w5"] * 9), "target": "w1", "masked": None}
+    examples = training_examples([long, pair(1, "x")], WordTokenizer(), [], 0.0, 4, 8, 1)
+    assert [e.source for e in examples] == [[1, EOS]]
+
+
+def test_batches_respect_the_token_budget_and_cover_everything() -> None:
+    examples = [Example([5] * (n % 17 + 1), [6] * (n % 11 + 1)) for n in range(1, 60)]
+    batches = token_batches(examples, 64, random.Random(1))
+    assert sorted(i for b in batches for i in b) == list(range(len(examples)))
+    for b in batches:
+        longest = max(max(len(examples[i].source), len(examples[i].target) + 1) for i in b)
+        assert len(b) == 1 or longest * len(b) <= 64
+
+
+def test_schedule_and_flags_match_nmt_train() -> None:
+    assert abs(learning_rate(100, 1e-3, 100) - 1e-3) < 1e-12
+    assert abs(learning_rate(400, 1e-3, 100) - 5e-4) < 1e-12
+    assert learning_rate(50, 1e-3, 100) == 5e-4
+    assert parse_oversample("bible/=6") == ("bible/", 6)
