@@ -56,7 +56,7 @@ COPY --from=assets --chown=root:root /app/models /app/models
 WORKDIR /app
 USER nmt
 ENV ORT_DYLIB_PATH=/opt/onnxruntime/libonnxruntime.so.1.31.1 \
-    NMT_MODEL_DIR=/app/models/en-es-rel-ldpe \
+    NMT_MODEL_DIR=/app/models/en-es-l10n,/app/models/en-es-rel-ldpe \
     NMT_HOST=0.0.0.0 \
     NMT_PORT=8080 \
     NMT_GRPC_PORT=50051 \

@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
 cargo build --release -p nmt-server
-exec target/release/nmt-server --model-dir models/en-es-rel-ldpe "$@"
+# The first package answers requests that name none: software strings, modern text and the
+# Bible; the Bible-only model stays selectable as "model": "en-es-rel-ldpe".
+exec target/release/nmt-server --model-dir models/en-es-l10n,models/en-es-rel-ldpe "$@"

@@ -35,7 +35,7 @@ pub struct Args {
         long,
         env = "NMT_MODEL_DIR",
         value_delimiter = ',',
-        default_value = "models/en-es-rel-ldpe"
+        default_value = "models/en-es-l10n,models/en-es-rel-ldpe"
     )]
     pub model_dir: Vec<PathBuf>,
 

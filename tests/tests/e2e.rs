@@ -45,6 +45,32 @@ fn build_package(work: &Path) -> PathBuf {
         "--out",
         &p(&tokenizer),
     ]));
+    // The pairs the GPU trainer reads: every training pair of the corpus, in its order.
+    let pairs = work.join("train.jsonl");
+    run(Command::new(&train).args([
+        "pairs",
+        "--corpus",
+        &p(&corpus),
+        "--mask-fraction",
+        "0.5",
+        "--out",
+        &p(&pairs),
+    ]));
+    let written: Vec<Value> = std::fs::read_to_string(&pairs)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let corpus_pairs = nmt_train::corpus::read_parallel(&corpus, "train").unwrap();
+    assert_eq!(written.len(), corpus_pairs.len());
+    for (line, (en, es)) in written.iter().zip(&corpus_pairs) {
+        assert_eq!(
+            (line["source"].as_str(), line["target"].as_str()),
+            (Some(en.as_str()), Some(es.as_str()))
+        );
+        // A Bible-only corpus records no origins.
+        assert_eq!(line["origin"], "", "{line}");
+    }
     run(Command::new(&train).args([
         "train",
         "--corpus",

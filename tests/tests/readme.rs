@@ -128,6 +128,21 @@ const NOT_RUN: &[(&str, &str)] = &[
          model-export/tests/length_predictor.rs exports a tiny one",
     ),
     (
+        "mkdir -p gpu && cargo run --release -p nmt-train -- pairs ",
+        "reads the catalog corpus that `corpus --catalogs` builds (948 Debian packages \
+         downloaded); tests/tests/e2e.rs runs `nmt-train pairs` on two books",
+    ),
+    (
+        "DATA=gpu ",
+        "needs a CUDA GPU with torch (a lent GPU machine) and minutes of it; \
+         tools/tests/test_torch_train.py checks its data steps, docs/training.md its model \
+         against nmt-train's (the same dev loss on the same weights)",
+    ),
+    (
+        "python3 -m nmt_tools.training.torch_train join ",
+        "joins the files the GPU run above returns",
+    ),
+    (
         "cargo run --release -p nmt-eval -- ",
         "scores the shipped model on the whole test split of the corpus that the commands \
          above build; eval/tests/eval.rs runs nmt-eval on it over 20 test verses",
@@ -551,9 +566,10 @@ fn check_curl_answer(command: &str, output: &str) {
     for t in translations {
         let text = t["text"].as_str().unwrap();
         assert!(!text.trim().is_empty(), "an empty translation: {body}");
-        // What the README says each translation reports; a length asked for is not predicted.
+        // What the README says each translation reports: the length, where it came from, and
+        // the prediction when one was made (a model without a predictor plans the source's).
         let mut reported = vec!["target_length", "length_source"];
-        if request.get("target_length").is_none() {
+        if ["predictor", "linear_fit"].contains(&t["length_source"].as_str().unwrap_or("")) {
             reported.push("predicted_length");
         }
         for key in reported {

@@ -57,7 +57,7 @@ struct Args {
     output: Option<PathBuf>,
 
     /// Model package directory (written by `nmt-export`).
-    #[arg(long, env = "NMT_MODEL_DIR", default_value = "models/en-es-rel-ldpe")]
+    #[arg(long, env = "NMT_MODEL_DIR", default_value = "models/en-es-l10n")]
     model_dir: PathBuf,
 
     /// The length every translation asks for, as a request's `target_length`: a number of

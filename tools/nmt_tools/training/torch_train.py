@@ -41,8 +41,6 @@ from typing import Any
 
 MODULE = "nmt_tools.training.torch_train"
 PAD, BOS, EOS = 0, 1, 2
-# Added to attention scores at masked keys, as in train/src/model/layers.rs.
-MASKED_SCORE = -1e9
 WEIGHTS_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "trainer_state.json"
 
 
@@ -174,135 +172,15 @@ def batch_tensors(rows: Sequence[Example], device: Any) -> dict[str, Any]:  # no
 
 
 def build_model(config: dict[str, Any]) -> Any:  # noqa: ANN401 (a torch module)
-    """The Transformer of `train/src/model/transformer.rs` for a config of `nmt-train`'s presets
-    that it supports: pre-norm, relative self-attention (keys and values) or none, no absolute
-    positions, an LDPE/LRPE length-aware decoder or none, no recurrent position encoder."""
+    from nmt_tools.training.torch_model import Transformer
+
+    return Transformer(config)
+
+
+def describe(device: Any) -> str:  # noqa: ANN401
     import torch
-    import torch.nn.functional as F  # noqa: N812
-    from torch import nn
 
-    unsupported = {
-        "architecture": config["architecture"] != "transformer",
-        "norm": config["norm"] != "pre",
-        "absolute_position": config["absolute_position"] != "none",
-        "recurrent_position": config["recurrent_position"] != "none",
-        "relative_attention": config["relative_attention"] not in ("keys_values", "none"),
-    }
-    refused = [field for field, bad in unsupported.items() if bad]
-    if refused:
-        raise SystemExit(f"{MODULE}: this trainer does not build {', '.join(refused)} of {config['preset']}")
-    d, heads, p = config["d_model"], config["num_heads"], config["dropout"]
-    head_dim, clip, eps = d // heads, config["relative_clip"], config["layer_norm_eps"]
-    relative = config["relative_attention"] == "keys_values"
-    inverse = torch.tensor([10000.0 ** (-2.0 * i / d) for i in range(d // 2)], dtype=torch.float32)
-    exponents = torch.tensor([-2.0 * i / d for i in range(d // 2)], dtype=torch.float32)
-
-    def sin_cos(angles: Any) -> Any:  # noqa: ANN401
-        return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)
-
-    class Attention(nn.Module):  # type: ignore[misc]
-        def __init__(self, self_attention: bool) -> None:
-            super().__init__()
-            self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
-            self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
-            self.relative = relative and self_attention
-            if self.relative:
-                self.relative_keys = nn.Parameter(torch.randn(2 * clip + 1, head_dim) * head_dim**-0.5)
-                self.relative_values = nn.Parameter(torch.randn(2 * clip + 1, head_dim) * head_dim**-0.5)
-
-        def heads(self, x: Any) -> Any:  # noqa: ANN401
-            b, t, _ = x.shape
-            return x.view(b, t, heads, head_dim).transpose(1, 2)
-
-        def forward(self, x: Any, memory: Any, bias: Any) -> Any:  # noqa: ANN401
-            q = self.heads(self.q_proj(x)) * head_dim**-0.5
-            k, v = self.heads(self.k_proj(memory)), self.heads(self.v_proj(memory))
-            scores = q @ k.transpose(-1, -2)
-            if self.relative:
-                tq, tk = q.shape[2], k.shape[2]
-                distance = torch.arange(tk, device=x.device)[None, :] - torch.arange(tq, device=x.device)[:, None]
-                index = distance.clamp(-clip, clip) + clip
-                by_distance = q @ self.relative_keys.t().to(q.dtype)
-                scores = scores + by_distance.gather(3, index.expand(q.shape[0], heads, tq, tk))
-            probs = torch.softmax(scores.float() + bias, dim=-1).to(v.dtype)
-            context = probs @ v
-            if self.relative:
-                one_hot = F.one_hot(index, 2 * clip + 1).to(probs.dtype)
-                per_distance = torch.einsum("bhqk,qkr->bhqr", probs, one_hot)
-                context = context + per_distance @ self.relative_values.to(probs.dtype)
-            b, _, t, _ = context.shape
-            return self.out_proj(context.transpose(1, 2).reshape(b, t, d))
-
-    class FeedForward(nn.Module):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc1, self.fc2 = nn.Linear(d, config["ffn_dim"]), nn.Linear(config["ffn_dim"], d)
-
-        def forward(self, x: Any) -> Any:  # noqa: ANN401
-            return self.fc2(F.dropout(F.relu(self.fc1(x)), p, self.training))
-
-    class Layer(nn.Module):  # type: ignore[misc]
-        def __init__(self, cross: bool) -> None:
-            super().__init__()
-            self.self_attn, self.self_attn_norm = Attention(True), nn.LayerNorm(d, eps=eps)
-            if cross:
-                self.cross_attn, self.cross_attn_norm = Attention(False), nn.LayerNorm(d, eps=eps)
-            self.ffn, self.ffn_norm = FeedForward(), nn.LayerNorm(d, eps=eps)
-
-        def forward(self, x: Any, self_bias: Any, memory: Any = None, memory_bias: Any = None) -> Any:  # noqa: ANN401
-            h = self.self_attn_norm(x)
-            x = x + F.dropout(self.self_attn(h, h, self_bias), p, self.training)
-            if memory is not None:
-                h = self.cross_attn_norm(x)
-                x = x + F.dropout(self.cross_attn(h, memory, memory_bias), p, self.training)
-            return x + F.dropout(self.ffn(self.ffn_norm(x)), p, self.training)
-
-    class Stack(nn.Module):  # type: ignore[misc]
-        def __init__(self, layers: int, cross: bool) -> None:
-            super().__init__()
-            self.layers = nn.ModuleList([Layer(cross) for _ in range(layers)])
-            self.final_norm = nn.LayerNorm(d, eps=eps)
-
-    class Transformer(nn.Module):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(config["vocab_size"], d)
-            nn.init.normal_(self.embed.weight, std=d**-0.5)
-            self.encoder = Stack(config["encoder_layers"], cross=False)
-            self.decoder = Stack(config["decoder_layers"], cross=True)
-            self.register_buffer("inverse", inverse, persistent=False)
-            self.register_buffer("exponents", exponents, persistent=False)
-
-        def length_encoding(self, lengths: Any, t: int) -> Any:  # noqa: ANN401
-            positions = torch.arange(t, device=lengths.device, dtype=torch.float32)[None, :, None]
-            lengths = lengths.float()[:, None, None]
-            if config["length_encoding"] == "ldpe":
-                return sin_cos((lengths - positions) * self.inverse)
-            return sin_cos(positions * torch.exp(lengths.clamp(min=1).log() * self.exponents))
-
-        def forward(self, source: Any, decoder_input: Any, lengths: Any) -> Any:  # noqa: ANN401
-            keys = torch.where(source == PAD, MASKED_SCORE, 0.0)[:, None, None, :]
-            x = F.dropout(self.embed(source) * d**0.5, p, self.training)
-            for layer in self.encoder.layers:
-                x = layer(x, keys)
-            memory = self.encoder.final_norm(x)
-            t = decoder_input.shape[1]
-            causal = torch.full((t, t), MASKED_SCORE, device=source.device).triu(1)
-            y = self.embed(decoder_input) * d**0.5
-            if config["length_encoding"] != "none":
-                y = y + self.length_encoding(lengths, t)
-            y = F.dropout(y, p, self.training)
-            for layer in self.decoder.layers:
-                y = layer(y, causal, memory, keys)
-            return self.decoder.final_norm(y) @ self.embed.weight.t().to(y.dtype)
-
-    model = Transformer()
-    for name, param in model.named_parameters():
-        if name.endswith("bias"):
-            nn.init.zeros_(param)
-        elif param.dim() == 2 and "embed" not in name and "relative" not in name:
-            nn.init.xavier_uniform_(param)
-    return model
+    return str(torch.cuda.get_device_name(device)) if device.type == "cuda" else str(device.type)
 
 
 def learning_rate(step: int, peak: float, warmup: int) -> float:
@@ -365,95 +243,122 @@ def endless_batches(examples: list[Example], batch_tokens: int, seed: int) -> It
         epoch += 1
 
 
+class Trainer:
+    """One run's model, optimizer, moving average of the weights and counters."""
+
+    def __init__(self, args: argparse.Namespace, config: dict[str, Any], train_pairs: int) -> None:
+        import torch
+
+        self.args, self.config = args, config
+        self.device = torch.device(args.device)
+        self.model = build_model(config).to(self.device)
+        if args.init_from:
+            load_weights(self.model, args.init_from)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        self.weights = list(self.model.state_dict().values())
+        self.ema = [w.detach().clone().float() for w in self.weights]
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, fused=self.device.type == "cuda"
+        )
+        self.noise = config.get("length_noise", 0)
+        self.state: dict[str, Any] = {
+            "trainer": f"{MODULE} (torch {torch.__version__}, {describe(self.device)})",
+            "args": json.loads(json.dumps(vars(args), default=str)),
+            "train_pairs": train_pairs,
+            "step": 0,
+            "target_tokens_seen": 0,
+            "source_tokens_seen": 0,
+            "seed": args.seed,
+        }
+
+    def autocast(self) -> Any:  # noqa: ANN401
+        import torch
+
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.bf16)
+
+    def step(self, rows: Sequence[Example], epoch: int) -> tuple[Any, float]:  # noqa: ANN401
+        """One update on `rows`: the loss (a tensor, read only when logged) and the learning rate."""
+        import torch
+        import torch.nn.functional as F  # noqa: N812
+
+        b = batch_tensors(rows, self.device)
+        lengths = b["lengths"]
+        if self.noise:
+            moves = torch.randint(-self.noise, self.noise + 1, lengths.shape, device=self.device)
+            lengths = (lengths + moves).clamp(min=1)
+        lr = learning_rate(self.state["step"] + 1, self.args.lr, self.args.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with self.autocast():
+            logits = self.model(b["source"], b["decoder_input"], lengths)
+        loss = F.cross_entropy(
+            logits.float().flatten(0, 1),
+            b["decoder_output"].flatten(),
+            ignore_index=PAD,
+            label_smoothing=self.args.label_smoothing,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(self.ema, self.weights, 1 - self.args.ema)
+        # Counted on the host: reading them from the GPU would wait for every step to finish.
+        self.state["step"] += 1
+        self.state["epoch"] = epoch
+        self.state["target_tokens_seen"] += sum(len(e.target) + 1 for e in rows)
+        self.state["source_tokens_seen"] += sum(len(e.source) for e in rows)
+        return loss, lr
+
+    def finish(self, dev: Sequence[Example], train_seconds: float) -> None:
+        """Writes OUT/last and OUT/ema, each with its dev loss."""
+        args = self.args
+        self.state["train_seconds"] = train_seconds
+        self.state["dev_loss"] = dev_loss(self.model, dev, args.batch_tokens, self.device, self.autocast)
+        save_checkpoint(self.model, self.config, self.state, args.out / "last")
+        averaged = build_model(self.config).to(self.device)
+        averaged.load_state_dict(dict(zip(self.model.state_dict().keys(), self.ema, strict=True)))
+        ema_loss = dev_loss(averaged, dev, args.batch_tokens, self.device, self.autocast)
+        ema_state = {**self.state, "dev_loss": ema_loss, "ema": args.ema}
+        save_checkpoint(averaged, self.config, ema_state, args.out / "ema", half=args.ema_half)
+        print(json.dumps({"last": self.state, "ema": ema_state}), flush=True)
+
+
 def train(args: argparse.Namespace) -> None:
     import torch
-    import torch.nn.functional as F  # noqa: N812
     from tokenizers import Tokenizer
 
     started = time.monotonic()
     torch.manual_seed(args.seed)
-    device = torch.device(args.device)
     config = json.loads(args.config.read_text())
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
+    pairs = read_pairs(args.pairs)
     examples = training_examples(
-        read_pairs(args.pairs),
-        tokenizer,
-        args.oversample,
-        args.joined_fraction,
-        args.joined_max_verses,
-        args.max_len,
-        args.seed,
+        pairs, tokenizer, args.oversample, args.joined_fraction, args.joined_max_verses, args.max_len, args.seed
     )
     dev = dev_examples(tokenizer, args.dev, args.dev_limit, args.max_len)
     print(f"{len(examples)} training examples, {len(dev)} dev, ready in {time.monotonic() - started:.0f} s", flush=True)
-    model = build_model(config).to(device)
-    if args.init_from:
-        load_weights(model, args.init_from)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    weights = list(model.state_dict().values())
-    ema = [w.detach().clone().float() for w in weights]
-    optimizer = torch.optim.Adam(
-        model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-9, fused=device.type == "cuda"
-    )
-
-    def autocast() -> Any:  # noqa: ANN401
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
-
-    noise = config.get("length_noise", 0)
-    state: dict[str, Any] = {"step": 0, "target_tokens_seen": 0, "source_tokens_seen": 0, "seed": args.seed}
+    trainer = Trainer(args, config, len(examples))
     train_started = time.monotonic()
     last_save, last_log, log_tokens = train_started, train_started, 0
-    batches = endless_batches(examples, args.batch_tokens, args.seed)
-    while True:
-        elapsed = time.monotonic() - started
-        if elapsed > args.minutes * 60 or (args.max_steps and state["step"] >= args.max_steps):
+    for epoch, indices in endless_batches(examples, args.batch_tokens, args.seed):
+        if time.monotonic() - started > args.minutes * 60 or 0 < args.max_steps <= trainer.state["step"]:
             break
-        epoch, indices = next(batches)
-        b = batch_tensors([examples[i] for i in indices], device)
-        lengths = b["lengths"]
-        if noise:
-            lengths = (lengths + torch.randint(-noise, noise + 1, lengths.shape, device=device)).clamp(min=1)
-        lr = learning_rate(state["step"] + 1, args.lr, args.warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        with autocast():
-            logits = model(b["source"], b["decoder_input"], lengths)
-        out = b["decoder_output"]
-        loss = F.cross_entropy(
-            logits.float().flatten(0, 1), out.flatten(), ignore_index=PAD, label_smoothing=args.label_smoothing
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        with torch.no_grad():
-            torch._foreach_lerp_(ema, weights, 1 - args.ema)
-        # Counted on the host: reading them from the GPU would wait for every step to finish.
-        targets = sum(len(examples[i].target) + 1 for i in indices)
-        state["step"] += 1
-        state["epoch"] = epoch
-        state["target_tokens_seen"] += targets
-        state["source_tokens_seen"] += sum(len(examples[i].source) for i in indices)
-        log_tokens += targets
+        rows = [examples[i] for i in indices]
+        loss, lr = trainer.step(rows, epoch)
+        log_tokens += sum(len(e.target) + 1 for e in rows)
         now = time.monotonic()
         if now - last_log > args.log_seconds:
             print(
-                f"step {state['step']} epoch {epoch} loss {loss.item():.3f} lr {lr:.1e} "
+                f"step {trainer.state['step']} epoch {epoch} loss {loss.item():.3f} lr {lr:.1e} "
                 f"{log_tokens / (now - last_log):.0f} tgt tok/s, {now - started:.0f} s",
                 flush=True,
             )
             last_log, log_tokens = now, 0
         if now - last_save > args.save_minutes * 60:
-            save_checkpoint(model, config, state, args.out / "last")
+            save_checkpoint(trainer.model, config, trainer.state, args.out / "last")
             last_save = now
-    state["train_seconds"] = time.monotonic() - train_started
-    state["dev_loss"] = dev_loss(model, dev, args.batch_tokens, device, autocast)
-    save_checkpoint(model, config, state, args.out / "last")
-    averaged = build_model(config).to(device)
-    averaged.load_state_dict(dict(zip(model.state_dict().keys(), ema, strict=True)))
-    ema_state = {**state, "dev_loss": dev_loss(averaged, dev, args.batch_tokens, device, autocast), "ema": args.ema}
-    save_checkpoint(averaged, config, ema_state, args.out / "ema", half=args.ema_half)
-    print(json.dumps({"last": state, "ema": ema_state}), flush=True)
+    trainer.finish(dev, time.monotonic() - train_started)
 
 
 def evaluate(args: argparse.Namespace) -> None:

@@ -27,7 +27,7 @@ pub struct PairsArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// The JSON-lines file to write: one `{"origin", "source", "target", "masked"}` per
-    /// pair, in corpus order.
+    /// pair, in corpus order (`origin` empty where the corpus records none).
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -42,7 +42,13 @@ struct PairLine<'a> {
 
 pub fn run(args: PairsArgs) -> anyhow::Result<()> {
     let pairs = crate::corpus::read_parallel(&args.corpus, &args.split)?;
-    let origins = crate::corpus::read_origins(&args.corpus, &args.split)?;
+    // A Bible-only corpus records no origins (`nmt-train corpus` without --catalogs): its
+    // pairs get none, and an `--oversample` rule of the other trainer matches none of them.
+    let origins = if args.corpus.join(format!("{}.origin", args.split)).exists() {
+        crate::corpus::read_origins(&args.corpus, &args.split)?
+    } else {
+        vec![String::new(); pairs.len()]
+    };
     anyhow::ensure!(
         origins.len() == pairs.len(),
         "{}: {} pairs but {} origins",

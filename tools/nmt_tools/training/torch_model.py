@@ -1,0 +1,161 @@
+"""The Transformer of `train/src/model/transformer.rs` in PyTorch, for `torch_train`: parameter
+for parameter under the same checkpoint names, the same arithmetic (pre-norm, tied embeddings
+scaled by sqrt(d), Shaw et al.'s relative self-attention with one table shared by the heads,
+LDPE/LRPE added to the decoder's embeddings, dropout on embeddings, FFN activations and
+sublayer outputs but not on attention probabilities).
+
+Supports the presets the shipped models use: pre-norm, relative self-attention (keys and values)
+or none, no absolute positions, an LDPE/LRPE length-aware decoder or none, no recurrent position
+encoder; any other config is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+PAD = 0
+# Added to attention scores at masked keys, as in train/src/model/layers.rs.
+MASKED_SCORE = -1e9
+
+
+def refuse_unsupported(config: dict[str, Any]) -> None:
+    unsupported = {
+        "architecture": config["architecture"] != "transformer",
+        "norm": config["norm"] != "pre",
+        "absolute_position": config["absolute_position"] != "none",
+        "recurrent_position": config["recurrent_position"] != "none",
+        "relative_attention": config["relative_attention"] not in ("keys_values", "none"),
+    }
+    refused = [field for field, bad in unsupported.items() if bad]
+    if refused:
+        raise SystemExit(f"torch_model: {', '.join(refused)} of {config['preset']} is not built here")
+
+
+def sin_cos(angles: Any) -> Any:  # noqa: ANN401
+    """Angles `[..., d/2]` -> `[..., d]`: sin of angle i in dim 2i, its cos in dim 2i + 1."""
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):  # type: ignore[misc]
+    def __init__(self, config: dict[str, Any], self_attention: bool) -> None:
+        super().__init__()
+        d = config["d_model"]
+        self.heads, self.head_dim, self.clip = config["num_heads"], d // config["num_heads"], config["relative_clip"]
+        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.relative = config["relative_attention"] == "keys_values" and self_attention
+        if self.relative:
+            rows, scale = 2 * self.clip + 1, self.head_dim**-0.5
+            self.relative_keys = nn.Parameter(torch.randn(rows, self.head_dim) * scale)
+            self.relative_values = nn.Parameter(torch.randn(rows, self.head_dim) * scale)
+
+    def split(self, x: Any) -> Any:  # noqa: ANN401
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: Any, memory: Any, bias: Any) -> Any:  # noqa: ANN401
+        q = self.split(self.q_proj(x)) * self.head_dim**-0.5
+        k, v = self.split(self.k_proj(memory)), self.split(self.v_proj(memory))
+        scores = q @ k.transpose(-1, -2)
+        if self.relative:
+            # Table row of each (query, key): clip(key - query, -k, k) + k.
+            tq, tk = q.shape[2], k.shape[2]
+            distance = torch.arange(tk, device=x.device)[None, :] - torch.arange(tq, device=x.device)[:, None]
+            index = distance.clamp(-self.clip, self.clip) + self.clip
+            by_distance = q @ self.relative_keys.t().to(q.dtype)
+            scores = scores + by_distance.gather(3, index.expand(q.shape[0], self.heads, tq, tk))
+        probs = torch.softmax(scores.float() + bias, dim=-1).to(v.dtype)
+        context = probs @ v
+        if self.relative:
+            one_hot = F.one_hot(index, 2 * self.clip + 1).to(probs.dtype)
+            per_distance = torch.einsum("bhqk,qkr->bhqr", probs, one_hot)
+            context = context + per_distance @ self.relative_values.to(probs.dtype)
+        b, _, t, _ = context.shape
+        return self.out_proj(context.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class FeedForward(nn.Module):  # type: ignore[misc]
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.p = config["dropout"]
+        self.fc1 = nn.Linear(config["d_model"], config["ffn_dim"])
+        self.fc2 = nn.Linear(config["ffn_dim"], config["d_model"])
+
+    def forward(self, x: Any) -> Any:  # noqa: ANN401
+        return self.fc2(F.dropout(F.relu(self.fc1(x)), self.p, self.training))
+
+
+class Layer(nn.Module):  # type: ignore[misc]
+    def __init__(self, config: dict[str, Any], cross: bool) -> None:
+        super().__init__()
+        d, eps = config["d_model"], config["layer_norm_eps"]
+        self.p = config["dropout"]
+        self.self_attn, self.self_attn_norm = Attention(config, True), nn.LayerNorm(d, eps=eps)
+        if cross:
+            self.cross_attn, self.cross_attn_norm = Attention(config, False), nn.LayerNorm(d, eps=eps)
+        self.ffn, self.ffn_norm = FeedForward(config), nn.LayerNorm(d, eps=eps)
+
+    def forward(self, x: Any, self_bias: Any, memory: Any = None, memory_bias: Any = None) -> Any:  # noqa: ANN401
+        h = self.self_attn_norm(x)
+        x = x + F.dropout(self.self_attn(h, h, self_bias), self.p, self.training)
+        if memory is not None:
+            h = self.cross_attn_norm(x)
+            x = x + F.dropout(self.cross_attn(h, memory, memory_bias), self.p, self.training)
+        return x + F.dropout(self.ffn(self.ffn_norm(x)), self.p, self.training)
+
+
+class Stack(nn.Module):  # type: ignore[misc]
+    def __init__(self, config: dict[str, Any], layers: int, cross: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Layer(config, cross) for _ in range(layers)])
+        self.final_norm = nn.LayerNorm(config["d_model"], eps=config["layer_norm_eps"])
+
+
+class Transformer(nn.Module):  # type: ignore[misc]
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        refuse_unsupported(config)
+        d = self.d = config["d_model"]
+        self.p, self.length_kind = config["dropout"], config["length_encoding"]
+        self.embed = nn.Embedding(config["vocab_size"], d)
+        self.encoder = Stack(config, config["encoder_layers"], cross=False)
+        self.decoder = Stack(config, config["decoder_layers"], cross=True)
+        # Computed in f64 and rounded once, as sinusoid_inverse_frequencies in Rust.
+        inverse = torch.tensor([10000.0 ** (-2.0 * i / d) for i in range(d // 2)], dtype=torch.float32)
+        self.register_buffer("inverse", inverse, persistent=False)
+        exponents = torch.tensor([-2.0 * i / d for i in range(d // 2)], dtype=torch.float32)
+        self.register_buffer("exponents", exponents, persistent=False)
+        for name, param in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(param)
+            elif name == "embed.weight":
+                nn.init.normal_(param, std=d**-0.5)
+            elif param.dim() == 2 and "relative" not in name:
+                nn.init.xavier_uniform_(param)
+
+    def length_encoding(self, lengths: Any, t: int) -> Any:  # noqa: ANN401
+        positions = torch.arange(t, device=lengths.device, dtype=torch.float32)[None, :, None]
+        lengths = lengths.float()[:, None, None]
+        if self.length_kind == "ldpe":
+            return sin_cos((lengths - positions) * self.inverse)
+        return sin_cos(positions * torch.exp(lengths.clamp(min=1).log() * self.exponents))
+
+    def forward(self, source: Any, decoder_input: Any, lengths: Any) -> Any:  # noqa: ANN401
+        keys = torch.where(source == PAD, MASKED_SCORE, 0.0)[:, None, None, :]
+        x = F.dropout(self.embed(source) * self.d**0.5, self.p, self.training)
+        for layer in self.encoder.layers:
+            x = layer(x, keys)
+        memory = self.encoder.final_norm(x)
+        t = decoder_input.shape[1]
+        causal = torch.full((t, t), MASKED_SCORE, device=source.device).triu(1)
+        y = self.embed(decoder_input) * self.d**0.5
+        if self.length_kind != "none":
+            y = y + self.length_encoding(lengths, t)
+        y = F.dropout(y, self.p, self.training)
+        for layer in self.decoder.layers:
+            y = layer(y, causal, memory, keys)
+        return self.decoder.final_norm(y) @ self.embed.weight.t().to(y.dtype)
