@@ -43,7 +43,11 @@ pub struct LengthPredictorExportArgs {
     pub package: PathBuf,
     /// Run directory of `nmt-train length-predictor` (head.safetensors,
     /// length_predictor.json).
-    #[arg(long, required_unless_present = "from_package", requires = "bert_dir")]
+    #[arg(
+        long,
+        required_unless_present_any = ["from_package", "linear_fit_corpus"],
+        requires = "bert_dir"
+    )]
     pub predictor: Option<PathBuf>,
     /// The BERT checkpoint directory the head was trained on: its model.safetensors and
     /// tokenizer.json are copied unchanged into the package (checked against the hashes the
@@ -55,6 +59,12 @@ pub struct LengthPredictorExportArgs {
     /// subwords, so it serves any model with the same tokenizer, which is checked.
     #[arg(long, conflicts_with_all = ["predictor", "bert_dir"])]
     pub from_package: Option<PathBuf>,
+    /// Record only the linear fit (target on source subwords, least squares over this corpus
+    /// directory's training pairs in the package's tokenizer) and the characters per target
+    /// subword: no learned predictor, so `"auto"` costs nothing beyond the fit. For a model
+    /// whose predictor would not beat the fit by enough to pay for itself.
+    #[arg(long, conflicts_with_all = ["predictor", "bert_dir", "from_package"])]
+    pub linear_fit_corpus: Option<PathBuf>,
     /// Origin of the BERT files, recorded in the manifest with `/<file name>` appended.
     #[arg(
         long,
@@ -516,6 +526,9 @@ fn runs_bert(report: &PredictorReport) -> bool {
 pub fn export_length_predictor(
     args: &LengthPredictorExportArgs,
 ) -> anyhow::Result<LengthPrediction> {
+    if let Some(corpus) = &args.linear_fit_corpus {
+        return record_linear_fit(corpus, &args.package);
+    }
     let (Some(predictor), Some(bert_dir)) = (&args.predictor, &args.bert_dir) else {
         let from = args
             .from_package
@@ -589,6 +602,23 @@ pub fn export_length_predictor(
     };
     manifest.length_prediction = Some(prediction.clone());
     manifest.write(&args.package, &[GRAPH])?;
+    Ok(prediction)
+}
+
+/// The manifest entry of a package without a learned predictor: the linear fit and the
+/// characters per subword of `corpus`'s training pairs, counted in the package's tokenizer.
+fn record_linear_fit(corpus: &Path, package: &Path) -> anyhow::Result<LengthPrediction> {
+    let mut manifest = Manifest::load(package)?;
+    let tokenizer = nmt_train::tokenizer::load(&package.join(model_package::files::TOKENIZER))?;
+    let pairs = nmt_train::corpus::read_parallel(corpus, "train")?;
+    let (linear_fit, chars_per_target_subword) = nmt_train::length::fit_line(&pairs, &tokenizer)?;
+    let prediction = LengthPrediction {
+        linear_fit,
+        chars_per_target_subword: Some(chars_per_target_subword),
+        predictor: None,
+    };
+    manifest.length_prediction = Some(prediction.clone());
+    manifest.write(package, &[])?;
     Ok(prediction)
 }
 

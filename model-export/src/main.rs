@@ -89,9 +89,12 @@ fn main() -> anyhow::Result<()> {
         (Some(Command::LengthPredictor(args)), _) => {
             let prediction = model_export::length_predictor::export_length_predictor(&args)?;
             let fit = prediction.linear_fit;
+            let wrote = match prediction.predictor {
+                Some(_) => format!("wrote {}", model_export::length_predictor::GRAPH),
+                None => "recorded no predictor graph".to_owned(),
+            };
             println!(
-                "wrote {} to {} (linear fit: target = {:.4} * source + {:.4})",
-                model_export::length_predictor::GRAPH,
+                "{wrote} in {} (linear fit: target = {:.4} * source + {:.4})",
                 args.package.display(),
                 fit.slope,
                 fit.intercept

@@ -265,6 +265,7 @@ fn export(package: &Path, run: &Path, bert_dir: &Path) {
         predictor: Some(run.to_path_buf()),
         bert_dir: Some(bert_dir.to_path_buf()),
         from_package: None,
+        linear_fit_corpus: None,
         bert_source: "test".into(),
         max_input_tokens: None,
     })
@@ -277,6 +278,7 @@ fn copy_predictor(from: &Path, to: &Path) -> anyhow::Result<()> {
         predictor: None,
         bert_dir: None,
         from_package: Some(from.to_path_buf()),
+        linear_fit_corpus: None,
         bert_source: "test".into(),
         max_input_tokens: None,
     })

@@ -144,6 +144,47 @@ fn shared_package() -> &'static Path {
     })
 }
 
+#[test]
+fn a_linear_fit_alone_is_recorded_without_a_graph() {
+    let work = shared_package();
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(work.join("package")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    let out = Command::new(binary("nmt-export"))
+        .args([
+            "length-predictor",
+            "--package",
+            &p(copy.path()),
+            "--linear-fit-corpus",
+            &p(&work.join("corpus")),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("recorded no predictor graph"), "{stdout}");
+    let manifest = model_package::Manifest::load(copy.path()).unwrap();
+    let prediction = manifest
+        .length_prediction
+        .expect("a length_prediction entry");
+    assert!(prediction.predictor.is_none());
+    assert!(!copy.path().join("length_predictor.onnx").exists());
+    // Spanish verses run a little longer than English ones, in characters and in subwords.
+    let fit = prediction.linear_fit;
+    assert!(fit.predict(30) > 25.0 && fit.predict(30) < 45.0, "{fit:?}");
+    let chars = prediction.chars_per_target_subword.unwrap();
+    assert!((1.5..8.0).contains(&chars), "{chars}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn translates_over_http_like_the_training_forward_pass() {
     let work = shared_package();

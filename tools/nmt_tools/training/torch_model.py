@@ -4,9 +4,10 @@ scaled by sqrt(d), Shaw et al.'s relative self-attention with one table shared b
 LDPE/LRPE added to the decoder's embeddings, dropout on embeddings, FFN activations and
 sublayer outputs but not on attention probabilities).
 
-Supports the presets the shipped models use: pre-norm, relative self-attention (keys and values)
-or none, no absolute positions, an LDPE/LRPE length-aware decoder or none, no recurrent position
-encoder; any other config is refused by name.
+Supports pre-norm models with relative self-attention (keys and values, keys only) or none, sinusoidal,
+learned or no absolute positions, an LDPE/LRPE length-aware decoder or none, and no recurrent
+position encoder: the shipped models and the position study's Transformer, Rel-Transformer and
+length-aware variants. Any other config is refused by name.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ def refuse_unsupported(config: dict[str, Any]) -> None:
     unsupported = {
         "architecture": config["architecture"] != "transformer",
         "norm": config["norm"] != "pre",
-        "absolute_position": config["absolute_position"] != "none",
         "recurrent_position": config["recurrent_position"] != "none",
-        "relative_attention": config["relative_attention"] not in ("keys_values", "none"),
+        "relative_attention": config["relative_attention"] not in ("keys_values", "keys", "none"),
     }
     refused = [field for field, bad in unsupported.items() if bad]
     if refused:
@@ -47,10 +47,12 @@ class Attention(nn.Module):  # type: ignore[misc]
         self.heads, self.head_dim, self.clip = config["num_heads"], d // config["num_heads"], config["relative_clip"]
         self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
         self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
-        self.relative = config["relative_attention"] == "keys_values" and self_attention
+        self.relative = config["relative_attention"] in ("keys_values", "keys") and self_attention
+        self.relative_to_values = self.relative and config["relative_attention"] == "keys_values"
+        rows, scale = 2 * self.clip + 1, self.head_dim**-0.5
         if self.relative:
-            rows, scale = 2 * self.clip + 1, self.head_dim**-0.5
             self.relative_keys = nn.Parameter(torch.randn(rows, self.head_dim) * scale)
+        if self.relative_to_values:
             self.relative_values = nn.Parameter(torch.randn(rows, self.head_dim) * scale)
 
     def split(self, x: Any) -> Any:  # noqa: ANN401
@@ -70,7 +72,7 @@ class Attention(nn.Module):  # type: ignore[misc]
             scores = scores + by_distance.gather(3, index.expand(q.shape[0], self.heads, tq, tk))
         probs = torch.softmax(scores.float() + bias, dim=-1).to(v.dtype)
         context = probs @ v
-        if self.relative:
+        if self.relative_to_values:
             one_hot = F.one_hot(index, 2 * self.clip + 1).to(probs.dtype)
             per_distance = torch.einsum("bhqk,qkr->bhqr", probs, one_hot)
             context = context + per_distance @ self.relative_values.to(probs.dtype)
@@ -125,6 +127,9 @@ class Transformer(nn.Module):  # type: ignore[misc]
         self.encoder = Stack(config, config["encoder_layers"], cross=False)
         self.decoder = Stack(config, config["decoder_layers"], cross=True)
         # Computed in f64 and rounded once, as sinusoid_inverse_frequencies in Rust.
+        self.absolute = config["absolute_position"]
+        if self.absolute == "learned":
+            self.pos_embed = nn.Embedding(config["max_positions"], d)
         inverse = torch.tensor([10000.0 ** (-2.0 * i / d) for i in range(d // 2)], dtype=torch.float32)
         self.register_buffer("inverse", inverse, persistent=False)
         exponents = torch.tensor([-2.0 * i / d for i in range(d // 2)], dtype=torch.float32)
@@ -132,7 +137,7 @@ class Transformer(nn.Module):  # type: ignore[misc]
         for name, param in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(param)
-            elif name == "embed.weight":
+            elif name in ("embed.weight", "pos_embed.weight"):
                 nn.init.normal_(param, std=d**-0.5)
             elif param.dim() == 2 and "relative" not in name:
                 nn.init.xavier_uniform_(param)
@@ -144,17 +149,27 @@ class Transformer(nn.Module):  # type: ignore[misc]
             return sin_cos((lengths - positions) * self.inverse)
         return sin_cos(positions * torch.exp(lengths.clamp(min=1).log() * self.exponents))
 
+    def positions(self, t: int, device: Any) -> Any:  # noqa: ANN401
+        """Absolute positions 0..t as the config adds them to the embeddings (0 for none)."""
+        if self.absolute == "sinusoidal":
+            return sin_cos(torch.arange(t, device=device, dtype=torch.float32)[:, None] * self.inverse)
+        if self.absolute == "learned":
+            return self.pos_embed.weight[:t]
+        return 0.0
+
     def forward(self, source: Any, decoder_input: Any, lengths: Any) -> Any:  # noqa: ANN401
         keys = torch.where(source == PAD, MASKED_SCORE, 0.0)[:, None, None, :]
-        x = F.dropout(self.embed(source) * self.d**0.5, self.p, self.training)
+        x = self.embed(source) * self.d**0.5 + self.positions(source.shape[1], source.device)
+        x = F.dropout(x, self.p, self.training)
         for layer in self.encoder.layers:
             x = layer(x, keys)
         memory = self.encoder.final_norm(x)
         t = decoder_input.shape[1]
         causal = torch.full((t, t), MASKED_SCORE, device=source.device).triu(1)
-        y = self.embed(decoder_input) * self.d**0.5
-        if self.length_kind != "none":
-            y = y + self.length_encoding(lengths, t)
+        # A length-aware decoder's length encoding takes the place of absolute positions.
+        aware = self.length_kind != "none"
+        order = self.length_encoding(lengths, t) if aware else self.positions(t, source.device)
+        y = self.embed(decoder_input) * self.d**0.5 + order
         y = F.dropout(y, self.p, self.training)
         for layer in self.decoder.layers:
             y = layer(y, causal, memory, keys)

@@ -207,7 +207,7 @@ fn training_pairs(all: &[(String, String)], args: &LengthPredictorArgs) -> (Pair
 
 /// Least squares of target on source subwords over every training pair, and the mean
 /// characters (spaces included) per target subword.
-fn fit_line(
+pub fn fit_line(
     all: &[(String, String)],
     tokenizer: &tokenizers::Tokenizer,
 ) -> anyhow::Result<(LinearFit, f64)> {
