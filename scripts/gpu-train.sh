@@ -3,7 +3,8 @@
 # leaves the checkpoints as files a size-capped transfer can carry back. Runs where torch,
 # tokenizers and safetensors are installed and a CUDA device is present (a lent GPU machine);
 # nothing here downloads. DATA holds what `nmt-train pairs` and a checkpoint give:
-#   train.jsonl.xz, dev.jsonl, l10n-dev.jsonl, tokenizer.json, config.json, init.safetensors
+#   train.jsonl.xz, dev.jsonl (and any other *dev.jsonl, e.g. l10n-dev.jsonl), tokenizer.json,
+#   config.json (the model to build), and optionally init.safetensors (weights to start from)
 # Usage: DATA=gpu OUT=/tmp/out MINUTES=7.5 scripts/gpu-train.sh [extra torch_train flags]
 # Back here: python3 -m nmt_tools.training.torch_train join --parts OUT --prefix last- ...
 set -uo pipefail
@@ -15,8 +16,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c 'import torch, tokenizers; print("torch", torch.__version__, "tokenizers", tokenizers.__version__)' | tee -a "$OUT/train.log"
 init=()
 [ -f "$DATA/init.safetensors" ] && init=(--init-from "$DATA/init.safetensors")
+dev=()
+for f in "$DATA"/*dev.jsonl; do dev+=(--dev "$f"); done
 PYTHONUNBUFFERED=1 python3 -m nmt_tools.training.torch_train train \
-    --pairs "$DATA/train.jsonl.xz" --dev "$DATA/dev.jsonl" --dev "$DATA/l10n-dev.jsonl" \
+    --pairs "$DATA/train.jsonl.xz" "${dev[@]}" \
     --tokenizer "$DATA/tokenizer.json" --config "$DATA/config.json" "${init[@]}" \
     --out /tmp/checkpoints --minutes "$MINUTES" --bf16 --ema-half "$@" 2>&1 | tee -a "$OUT/train.log"
 status=$?

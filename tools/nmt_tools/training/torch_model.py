@@ -5,9 +5,10 @@ LDPE/LRPE added to the decoder's embeddings, dropout on embeddings, FFN activati
 sublayer outputs but not on attention probabilities).
 
 Supports pre-norm models with relative self-attention (keys and values, keys only) or none, sinusoidal,
-learned or no absolute positions, an LDPE/LRPE length-aware decoder or none, and no recurrent
-position encoder: the shipped models and the position study's Transformer, Rel-Transformer and
-length-aware variants. Any other config is refused by name.
+learned or no absolute positions, an LDPE/LRPE length-aware decoder or none, and a GRU or LSTM
+position encoder or none: the shipped models and the position study's Transformer,
+Rel-Transformer, RNN- and RR-Transformer, LSTM-PE and length-aware variants (not Chen et al.'s
+recurrent embeddings, nor post-norm). Any other config is refused by name.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def refuse_unsupported(config: dict[str, Any]) -> None:
     unsupported = {
         "architecture": config["architecture"] != "transformer",
         "norm": config["norm"] != "pre",
-        "recurrent_position": config["recurrent_position"] != "none",
+        "recurrent_position": config["recurrent_position"] not in ("none", "gru", "lstm"),
         "relative_attention": config["relative_attention"] not in ("keys_values", "keys", "none"),
     }
     refused = [field for field, bad in unsupported.items() if bad]
@@ -110,11 +111,58 @@ class Layer(nn.Module):  # type: ignore[misc]
         return x + F.dropout(self.ffn(self.ffn_norm(x)), self.p, self.training)
 
 
+class Recurrent(nn.Module):  # type: ignore[misc]
+    """A one-layer GRU or LSTM over the scaled embeddings (train/src/model/recurrent.rs): torch's
+    own layer, saved and loaded under nmt-train's names (`weight_ih`, ..., `_reverse`)."""
+
+    def __init__(self, cell: str, d: int, bidirectional: bool) -> None:
+        super().__init__()
+        hidden = d // 2 if bidirectional else d
+        layer = nn.GRU if cell == "gru" else nn.LSTM
+        self.rnn = layer(d, hidden, batch_first=True, bidirectional=bidirectional)
+        self.names = {
+            f"{kind}{suffix}": f"{kind}_l0{suffix}"
+            for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+            for suffix in ("", "_reverse")
+        }
+        self.register_state_dict_post_hook(self.to_checkpoint_names)
+        self.register_load_state_dict_pre_hook(self.from_checkpoint_names)
+
+    @staticmethod
+    def to_checkpoint_names(module: Any, state: dict[str, Any], prefix: str, _: Any) -> None:  # noqa: ANN401
+        for ours, theirs in module.names.items():
+            if f"{prefix}rnn.{theirs}" in state:
+                state[f"{prefix}{ours}"] = state.pop(f"{prefix}rnn.{theirs}")
+
+    @staticmethod
+    def from_checkpoint_names(module: Any, state: dict[str, Any], prefix: str, *_: Any) -> None:  # noqa: ANN401
+        for ours, theirs in module.names.items():
+            if f"{prefix}{ours}" in state:
+                state[f"{prefix}rnn.{theirs}"] = state.pop(f"{prefix}{ours}")
+
+    def forward(self, x: Any, lengths: Any = None) -> Any:  # noqa: ANN401
+        """`lengths` (real positions of each row) keep trailing padding out of the state, in
+        both directions, and zero the outputs there, as the Rust layer does."""
+        if lengths is None:
+            return self.rnn(x)[0]
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        return nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
+
+
 class Stack(nn.Module):  # type: ignore[misc]
     def __init__(self, config: dict[str, Any], layers: int, cross: bool) -> None:
         super().__init__()
+        cell = config["recurrent_position"]
+        # The encoder's LSTM reads both ways (Rosendahl et al.); GRUs and decoders read forward.
+        if cell != "none":
+            self.position = Recurrent(cell, config["d_model"], bidirectional=cell == "lstm" and not cross)
         self.layers = nn.ModuleList([Layer(config, cross) for _ in range(layers)])
         self.final_norm = nn.LayerNorm(config["d_model"], eps=config["layer_norm_eps"])
+
+    def words(self, embedded: Any, lengths: Any = None) -> Any:  # noqa: ANN401
+        """The embeddings through the position encoder, if the stack has one."""
+        return self.position(embedded, lengths) if hasattr(self, "position") else embedded
 
 
 class Transformer(nn.Module):  # type: ignore[misc]
@@ -135,11 +183,11 @@ class Transformer(nn.Module):  # type: ignore[misc]
         exponents = torch.tensor([-2.0 * i / d for i in range(d // 2)], dtype=torch.float32)
         self.register_buffer("exponents", exponents, persistent=False)
         for name, param in self.named_parameters():
-            if name.endswith("bias"):
+            if name.endswith("bias") and ".position." not in name:
                 nn.init.zeros_(param)
             elif name in ("embed.weight", "pos_embed.weight"):
                 nn.init.normal_(param, std=d**-0.5)
-            elif param.dim() == 2 and "relative" not in name:
+            elif param.dim() == 2 and "relative" not in name and ".position." not in name:
                 nn.init.xavier_uniform_(param)
 
     def length_encoding(self, lengths: Any, t: int) -> Any:  # noqa: ANN401
@@ -159,7 +207,8 @@ class Transformer(nn.Module):  # type: ignore[misc]
 
     def forward(self, source: Any, decoder_input: Any, lengths: Any) -> Any:  # noqa: ANN401
         keys = torch.where(source == PAD, MASKED_SCORE, 0.0)[:, None, None, :]
-        x = self.embed(source) * self.d**0.5 + self.positions(source.shape[1], source.device)
+        embedded = self.encoder.words(self.embed(source) * self.d**0.5, (source != PAD).sum(1))
+        x = embedded + self.positions(source.shape[1], source.device)
         x = F.dropout(x, self.p, self.training)
         for layer in self.encoder.layers:
             x = layer(x, keys)
@@ -169,7 +218,7 @@ class Transformer(nn.Module):  # type: ignore[misc]
         # A length-aware decoder's length encoding takes the place of absolute positions.
         aware = self.length_kind != "none"
         order = self.length_encoding(lengths, t) if aware else self.positions(t, source.device)
-        y = self.embed(decoder_input) * self.d**0.5 + order
+        y = self.decoder.words(self.embed(decoder_input) * self.d**0.5) + order
         y = F.dropout(y, self.p, self.training)
         for layer in self.decoder.layers:
             y = layer(y, causal, memory, keys)

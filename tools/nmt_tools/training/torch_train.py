@@ -336,6 +336,10 @@ def train(args: argparse.Namespace) -> None:
     examples = training_examples(
         pairs, tokenizer, args.oversample, args.joined_fraction, args.joined_max_verses, args.max_len, args.seed
     )
+    # As nmt-train's --min/--max-source-len: a band of source lengths (EOS not counted), after
+    # the joined examples are made; the dev loss keeps every dev pair.
+    low, high = args.min_source_len or 0, args.max_source_len or math.inf
+    examples = [e for e in examples if low <= len(e.source) - 1 <= high]
     dev = dev_examples(tokenizer, args.dev, args.dev_limit, args.max_len)
     print(f"{len(examples)} training examples, {len(dev)} dev, ready in {time.monotonic() - started:.0f} s", flush=True)
     trainer = Trainer(args, config, len(examples))
@@ -450,6 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--joined-fraction", type=float, default=0.0, help="this share of joined examples")
     run.add_argument("--joined-max-verses", type=int, default=4, help="the most pairs one joined example joins")
     run.add_argument("--max-len", type=int, default=256, help="drop examples longer than this on either side")
+    run.add_argument("--min-source-len", type=int, help="train only on sources of at least N subwords")
+    run.add_argument("--max-source-len", type=int, help="train only on sources of at most N subwords")
     run.add_argument("--ema", type=float, default=0.999, help="decay of the weights' moving average")
     run.add_argument("--ema-half", action="store_true", help="write OUT/ema in float16 (half the bytes)")
     run.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU)")
