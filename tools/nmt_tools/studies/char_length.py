@@ -25,7 +25,7 @@ BEGIN = "<!-- characters: begin (python3 -m nmt_tools.studies.char_length) -->"
 END = "<!-- characters: end -->"
 SENTENCE_ENDS = (".", "!", "?", "…")
 RUNS = [
-    ("default request (predicted length)", "default"),
+    ("default request (natural length: predicted, or the source's)", "default"),
     ('isometric, `target_chars` `"source"`', "isometric"),
     ("`target_chars` = the reference's characters", "chars.reference"),
     ("subtitle, `max_chars` = 0.8 × the reference's characters", "subtitle.0.8"),
