@@ -7,8 +7,9 @@ sublayer outputs but not on attention probabilities).
 Supports pre-norm models with relative self-attention (keys and values, keys only) or none, sinusoidal,
 learned or no absolute positions, an LDPE/LRPE length-aware decoder or none, and a GRU or LSTM
 position encoder or none: the shipped models and the position study's Transformer,
-Rel-Transformer, RNN- and RR-Transformer, LSTM-PE and length-aware variants (not Chen et al.'s
-recurrent embeddings, nor post-norm). Any other config is refused by name.
+Rel-Transformer, RNN- and RR-Transformer, LSTM-PE and length-aware variants; not rel-sinusoidal
+(fixed relative tables), Chen et al.'s recurrent embeddings (rpe-head, mpr-head), the RNN-NMT
+baseline or post-norm models. Any other config is refused by name.
 """
 
 from __future__ import annotations

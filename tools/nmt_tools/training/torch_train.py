@@ -344,21 +344,21 @@ def train(args: argparse.Namespace) -> None:
     print(f"{len(examples)} training examples, {len(dev)} dev, ready in {time.monotonic() - started:.0f} s", flush=True)
     trainer = Trainer(args, config, len(examples))
     train_started = time.monotonic()
-    last_save, last_log, log_tokens = train_started, train_started, 0
+    last_save, last_log, logged_tokens = train_started, train_started, 0
     for epoch, indices in endless_batches(examples, args.batch_tokens, args.seed):
         if time.monotonic() - started > args.minutes * 60 or 0 < args.max_steps <= trainer.state["step"]:
             break
         rows = [examples[i] for i in indices]
         loss, lr = trainer.step(rows, epoch)
-        log_tokens += sum(len(e.target) + 1 for e in rows)
         now = time.monotonic()
         if now - last_log > args.log_seconds:
             print(
                 f"step {trainer.state['step']} epoch {epoch} loss {loss.item():.3f} lr {lr:.1e} "
-                f"{log_tokens / (now - last_log):.0f} tgt tok/s, {now - started:.0f} s",
+                f"{(trainer.state['target_tokens_seen'] - logged_tokens) / (now - last_log):.0f} tgt tok/s, "
+                f"{now - started:.0f} s",
                 flush=True,
             )
-            last_log, log_tokens = now, 0
+            last_log, logged_tokens = now, trainer.state["target_tokens_seen"]
         if now - last_save > args.save_minutes * 60:
             save_checkpoint(trainer.model, config, trainer.state, args.out / "last")
             last_save = now
