@@ -24,6 +24,35 @@ use crate::slots::{time_room, SlotBuffer};
 /// The environment variable naming the ONNX Runtime shared library.
 pub const ORT_DYLIB_ENV: &str = "ORT_DYLIB_PATH";
 
+/// An int8 package with full 8-bit weights on an x86 CPU without VNNI: ONNX Runtime's
+/// kernel there adds products in 16 bits, which such weights can saturate
+/// (`model_package::int8`). Served anyway, with a warning that says what to do.
+fn warn_of_saturating_int8(manifest: &Manifest, execution_provider: &str) {
+    let bits = model_package::int8::weight_bits_of(&manifest.quantization);
+    if manifest.precision == model_package::Precision::Int8
+        && execution_provider == "CPU"
+        && bits == 8
+        && !model_package::int8::cpu_sums_int8_products_exactly()
+    {
+        tracing::warn!(
+            package = %manifest.name,
+            "this package's int8 weights use 8 bits, which this CPU (no VNNI) can saturate: \
+             translations may lose accuracy; quantize the float32 package again here \
+             (`nmt-export quantize`, which picks 7 bits on such a CPU)"
+        );
+    }
+}
+
+/// Sources are padded to a multiple of this many tokens. ONNX Runtime's CPU kernels sum the
+/// decoder's attention over a source of exactly n tokens in another order than over the same
+/// n tokens followed by padding, so a sentence alone (unpadded) and beside a longer one
+/// (padded) got scores that differ in the last bits: never a different float32 translation
+/// on the Bible test set, but enough to move an int8 graph's rounding. Padded to a multiple
+/// of 16, a source gets the same scores bit for bit whatever else shares its batch
+/// (docs/model-package.md, "Int8"); the decoder's caches already grow in steps of 16
+/// (`slots::time_room`).
+const SOURCE_GRANULE: usize = 16;
+
 static ENVIRONMENT: Mutex<Option<Environment>> = Mutex::new(None);
 
 /// Loads ONNX Runtime from `library` (or, when `None`, from `ORT_DYLIB_PATH`, or from
@@ -246,6 +275,7 @@ impl OrtBackend {
             &ports(decoder.outputs()),
         )
         .with_context(|| format!("model package {}", dir.display()))?;
+        warn_of_saturating_int8(manifest, execution_provider);
         tracing::info!(
             intra_op_threads = options.intra_op_threads.max(1),
             execution_provider,
@@ -329,7 +359,13 @@ impl OrtBackend {
     /// Runs the encoder on `sources`, one row each.
     fn encode_distinct(&mut self, sources: &[&[i64]]) -> Result<OrtEncoded, BackendError> {
         let batch = sources.len();
-        let len = sources.iter().map(|s| s.len()).max().unwrap_or(0).max(1);
+        let len = sources
+            .iter()
+            .map(|s| s.len())
+            .max()
+            .unwrap_or(0)
+            .max(1)
+            .next_multiple_of(SOURCE_GRANULE);
         let mut ids = vec![self.pad_id; batch * len];
         let mut mask = vec![0f32; batch * len];
         for (row, source) in sources.iter().enumerate() {

@@ -1,29 +1,40 @@
-"""Int8 weights for one nmt-export graph, by ONNX Runtime's own dynamic quantizer.
+"""Int8 weights for one nmt-export graph, activations quantized per row as the graph runs.
 
-    python3 quantize.py IN.onnx OUT.onnx [--logits NAME]
+    python3 quantize.py IN.onnx OUT.onnx --weight-bits {8,7} [--logits NAME]
 
-Weights of every MatMul against a stored matrix become int8 with one scale per output
-column (`quantize_dynamic`, QInt8, per_channel, reduce_range); activations are quantized to
-uint8 per tensor when the graph runs. `reduce_range` keeps the weights to 7 bits: x86 CPUs
-without VNNI multiply uint8 by int8 with an instruction that saturates at 16 bits, and full
-8-bit weights lost a fifth of the tiny test models' teacher-forced agreement with float32 on
-such a CPU (0.77-0.79; the test asks 0.95, which 8-bit weights met on the CPUs of earlier
-runs). A package is quantized once and served on whatever CPU a deployment has, so it takes
-the range every CPU computes exactly. The quantizer leaves a Gemm with transB alone, so the tied
-output projection (`logits = x @ E^T`, the embedding table read transposed) is first
-rewritten as a MatMul against its own stored transpose `[d, vocab]`.
+Every MatMul against a stored matrix `W [K, N]` becomes an integer product:
 
-Embedding lookups (Gather) stay float32: the quantizer can store a Gather's table only with
-one scale for the whole table, a lookup has no arithmetic to save, and on the measured
-Rel-Transformer it halved the package again but cost agreement with float32
-(docs/model-package.md, "Int8").
-Recurrent layers (GRU, LSTM) stay float32 too: ONNX Runtime quantizes LSTM only into its
-own contrib op and GRU not at all, and the graphs keep to standard ONNX ops.
+- weights: int8, symmetric, one scale per output column (`max |W[:, n]| / qmax`); qmax is 127
+  for 8-bit weights and 63 for 7-bit ones;
+- activations: each row of the input (one token of one sentence) on its own scale,
+  `max |x_row| / 127`, to uint8 around the zero point 128 (Abs, ReduceMax, Div, then
+  QuantizeLinear with scale 1, which only rounds and shifts), so a row's result never
+  depends on the other rows of its batch;
+- ONNX Runtime's `MatMulIntegerToFloat` (contrib domain, its u8s8 kernel), which multiplies
+  the integer product by the row's and the column's scale as it writes it.
+
+Inputs read by several weight MatMuls (a layer's Q, K and V projections) are quantized once.
+
+Why not ONNX Runtime's own quantizers: `quantize_dynamic` quantizes the activations with one
+scale per tensor (DynamicQuantizeLinear), i.e. per batch, so the same sentence translated alone
+and beside others got different translations (295 of 461 Bible verses agreed); the weight-only
+`MatMulNBits` (8-bit, accuracy level 4) is row-exact but, on ONNX Runtime 1.31's CPU kernels,
+slower than float32 at 32 rows (docs/model-package.md, "Int8").
+
+Weight range: x86 CPUs without VNNI multiply uint8 by int8 with an instruction that saturates
+at 16 bits (vpmaddubsw: a0*b0 + a1*b1 must stay within ±32767); with activations up to 255,
+weights of up to ±63 (7 bits) never saturate, full 8-bit weights can. `nmt-export quantize`
+picks 8 bits where the CPU quantizing has VNNI and records the choice in the manifest.
+
+The tied output projection (`logits = x @ E^T`, a Gemm with transB that reads the embedding
+table) is first rewritten as a MatMul against its own stored transpose. Embedding lookups
+(Gather) and recurrent layers (GRU, LSTM) stay float32: a lookup has no arithmetic to save,
+and ONNX has no integer recurrent op.
 
 Prints a JSON report of what was quantized on stdout. `nmt-export quantize` runs this: the
 binary carries this file (include_str!) and runs it with `python3 -c`, so it imports nothing
-but the standard library, onnx and onnxruntime. Checked with the tools/ package's ruff and mypy
-rules (tools/check.sh).
+but the standard library, numpy, onnx and onnxruntime. Checked with the tools/ package's ruff
+and mypy rules (tools/check.sh).
 """
 
 from __future__ import annotations
@@ -39,16 +50,23 @@ try:
     import numpy as np
     import onnx
     import onnxruntime
-    from onnx import helper, numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnx import TensorProto, helper, numpy_helper
 except ImportError as error:
     sys.stderr.write(
-        "int8 quantization runs ONNX Runtime's Python quantizer: install onnxruntime and onnx "
+        "int8 quantization needs numpy, onnx and onnxruntime "
         f"(scripts/setup.sh installs onnxruntime==1.31.1 onnx==1.23.2) ({error})\n"
     )
     sys.exit(3)
 
-OP_TYPES = ["MatMul"]
+# ONNX Runtime's contrib ops: MatMulIntegerToFloat scales an integer product per row and
+# per column as it writes it.
+CONTRIB_DOMAIN = "com.microsoft"
+# ReduceMax takes its axes as an input from this opset on, as an attribute before.
+AXES_AS_INPUT = 18
+ACTIVATION_ZERO_POINT = 128
+ACTIVATION_QMAX = 127
+# A row of zeros gets this absolute maximum, so its scale is not 0 and it quantizes to 128s.
+TINY = 1e-30
 
 
 def fail(message: str) -> NoReturn:
@@ -64,10 +82,18 @@ def initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return {tensor.name: tensor for tensor in graph.initializer}
 
 
-def weight_matmuls(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """MatMuls whose B is a stored matrix: what the quantizer turns into MatMulInteger."""
+def weight_matmuls(graph: onnx.GraphProto) -> list[int]:
+    """Indices of the MatMuls whose B is a stored float matrix: the ones that become integer
+    products."""
     stored = initializers(graph)
-    return [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in stored]
+    return [
+        i
+        for i, n in enumerate(graph.node)
+        if n.op_type == "MatMul"
+        and n.input[1] in stored
+        and len(stored[n.input[1]].dims) == 2
+        and stored[n.input[1]].data_type == TensorProto.FLOAT
+    ]
 
 
 def logits_projection(graph: onnx.GraphProto, logits: str) -> onnx.NodeProto | None:
@@ -109,10 +135,7 @@ def untie_logits(graph: onnx.GraphProto, logits: str) -> bool:
             "stored matrix (MatMul, or Gemm with transB): cannot quantize it"
         )
     table = numpy_helper.to_array(stored[node.input[1]])
-    name = node.input[1] + ".transposed"
-    taken = {v for n in graph.node for v in list(n.input) + list(n.output)} | set(stored)
-    while name in taken:
-        name += "_"
+    name = fresh_name(graph, node.input[1] + ".transposed")
     graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(table.T), name))
     node.op_type = "MatMul"
     node.input[1] = name
@@ -121,19 +144,145 @@ def untie_logits(graph: onnx.GraphProto, logits: str) -> bool:
     return True
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
-    parser.add_argument("input")
-    parser.add_argument("output")
-    parser.add_argument("--logits", default="logits", help="graph output of the vocabulary scores")
-    args = parser.parse_args()
+def fresh_name(graph: onnx.GraphProto, wanted: str) -> str:
+    taken = {v for n in graph.node for v in list(n.input) + list(n.output)}
+    taken |= {t.name for t in graph.initializer} | {n.name for n in graph.node}
+    name = wanted
+    while name in taken:
+        name += "_"
+    return name
 
-    model = onnx.load(args.input)
-    graph = model.graph
-    untied = untie_logits(graph, args.logits)
-    expected = len(weight_matmuls(graph))
 
-    directory = os.path.dirname(os.path.abspath(args.output))
+def quantized_weight(weight: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """int8 weights and float32 scales, one per output column; an all-zero column keeps
+    scale 1 (its products are 0 whatever the scale)."""
+    peak = np.abs(weight).max(axis=0)
+    scale = np.where(peak > 0, peak / qmax, 1.0).astype(np.float32)
+    # np.round rounds half to even, as ONNX's QuantizeLinear does.
+    values = np.clip(np.round(weight / scale), -qmax, qmax).astype(np.int8)
+    return values, scale
+
+
+class Rewriter:
+    """Replaces weight MatMuls by per-row integer products, sharing each input's quantization."""
+
+    def __init__(self, graph: onnx.GraphProto, opset: int, weight_qmax: int) -> None:
+        self.graph = graph
+        self.opset = opset
+        self.weight_qmax = weight_qmax
+        self.rows: dict[str, tuple[str, str]] = {}
+        self.nodes: dict[int, list[onnx.NodeProto]] = {}
+        self.constants: dict[str, str] = {}
+
+    def constant(self, key: str, value: np.ndarray) -> str:
+        if key not in self.constants:
+            name = fresh_name(self.graph, f"row_int8.{key}")
+            self.graph.initializer.append(numpy_helper.from_array(value, name))
+            self.constants[key] = name
+        return self.constants[key]
+
+    def row_peak(self, absolute: str, peak: str) -> onnx.NodeProto:
+        """ReduceMax over the last axis, kept as an axis of 1, in the graph's opset."""
+        if self.opset >= AXES_AS_INPUT:
+            axes = self.constant("axes", np.array([-1], np.int64))
+            return helper.make_node("ReduceMax", [absolute, axes], [peak], name=peak, keepdims=1)
+        return helper.make_node("ReduceMax", [absolute], [peak], name=peak, axes=[-1], keepdims=1)
+
+    def row_quantized(self, x: str, at: int) -> tuple[str, str]:
+        """(uint8 rows, float scale per row [.., 1]) of activation `x`, built before node `at`."""
+        if x in self.rows:
+            return self.rows[x]
+        p = fresh_name(self.graph, f"{x}.row_int8")
+        tiny = self.constant("tiny", np.array(TINY, np.float32))
+        per_step = self.constant("inverse_qmax", np.array(1.0 / ACTIVATION_QMAX, np.float32))
+        one = self.constant("one", np.array(1.0, np.float32))
+        zero_point = self.constant("zero_point", np.array(ACTIVATION_ZERO_POINT, np.uint8))
+        nodes = [
+            helper.make_node("Abs", [x], [f"{p}.abs"], name=f"{p}.abs"),
+            self.row_peak(f"{p}.abs", f"{p}.peak"),
+            helper.make_node("Max", [f"{p}.peak", tiny], [f"{p}.peak_nonzero"], name=f"{p}.peak_nonzero"),
+            helper.make_node("Mul", [f"{p}.peak_nonzero", per_step], [f"{p}.scale"], name=f"{p}.scale"),
+            # x / scale lies within ±127, so the per-tensor QuantizeLinear with scale 1 only
+            # rounds (half to even) and shifts by the zero point: ONNX Runtime's fast path.
+            helper.make_node("Div", [x, f"{p}.scale"], [f"{p}.steps"], name=f"{p}.steps"),
+            helper.make_node("QuantizeLinear", [f"{p}.steps", one, zero_point], [f"{p}.values"], name=f"{p}.values"),
+        ]
+        self.nodes.setdefault(at, []).extend(nodes)
+        self.rows[x] = (f"{p}.values", f"{p}.scale")
+        return self.rows[x]
+
+    def replace(self, node: onnx.NodeProto, at: int) -> None:
+        stored = initializers(self.graph)
+        weight = numpy_helper.to_array(stored[node.input[1]])
+        values, scale = quantized_weight(weight, self.weight_qmax)
+        p = fresh_name(self.graph, f"{node.input[1]}.int8")
+        self.graph.initializer.extend(
+            [numpy_helper.from_array(values, f"{p}.values"), numpy_helper.from_array(scale, f"{p}.scale")]
+        )
+        rows, row_scale = self.row_quantized(node.input[0], at)
+        inputs = [rows, f"{p}.values", row_scale, f"{p}.scale", self.constants["zero_point"]]
+        # A bias stays a separate Add: ONNX Runtime 1.31 applies a per-row scale after adding
+        # MatMulIntegerToFloat's bias input, so the bias would be scaled too; for the same
+        # reason the graph does not spell the product as MatMulInteger -> Cast -> Mul, which
+        # ONNX Runtime's optimizer fuses into that op together with the next Add.
+        self.nodes.setdefault(at, []).append(
+            helper.make_node(
+                "MatMulIntegerToFloat", inputs, [node.output[0]], name=node.name or p, domain=CONTRIB_DOMAIN
+            )
+        )
+
+    def run(self) -> int:
+        targets = set(weight_matmuls(self.graph))
+        weights_read = {self.graph.node[i].input[1] for i in targets}
+        kept: dict[int, onnx.NodeProto] = {}
+        for at, node in enumerate(self.graph.node):
+            if at in targets:
+                self.replace(node, at)
+            else:
+                kept[at] = node
+        # The new nodes go where the MatMul was, which keeps the graph topologically sorted:
+        # a shared input's quantization goes before its first reader.
+        order: list[onnx.NodeProto] = []
+        for at in range(len(self.graph.node)):
+            order.extend(self.nodes.get(at, []))
+            if at in kept:
+                order.append(kept[at])
+        order = [onnx.NodeProto.FromString(n.SerializeToString()) for n in order]
+        del self.graph.node[:]
+        self.graph.node.extend(order)
+        still_read = {v for n in self.graph.node for v in n.input}
+        unused = [t for t in self.graph.initializer if t.name in weights_read and t.name not in still_read]
+        for tensor in unused:
+            self.graph.initializer.remove(tensor)
+        return len(targets)
+
+
+def quantize(model: onnx.ModelProto, logits: str, weight_bits: int) -> tuple[onnx.ModelProto, dict[str, object]]:
+    untied = untie_logits(model.graph, logits)
+    if not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    rewriter = Rewriter(model.graph, opset, (1 << (weight_bits - 1)) - 1)
+    replaced = rewriter.run()
+    integer = sum(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
+    left = [model.graph.node[i].name for i in weight_matmuls(model.graph)]
+    if left or integer != replaced:
+        fail(f"{replaced} weight MatMuls, {integer} quantized; still float: {left}")
+    onnx.checker.check_model(model, full_check=True)
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return model, {
+        "weight_matmuls": replaced,
+        "matmul_integer": integer,
+        "row_quantizers": len(rewriter.rows),
+        "untied_logits": untied,
+        "op_counts": dict(sorted(ops.items())),
+    }
+
+
+def write_atomically(model: onnx.ModelProto, output: str) -> None:
+    directory = os.path.dirname(os.path.abspath(output))
     handle, temporary = tempfile.mkstemp(suffix=".onnx", dir=directory)
     os.close(handle)
     # mkstemp makes the file private; the package's other files follow the umask.
@@ -141,40 +290,30 @@ def main() -> None:
     os.umask(umask)
     os.chmod(temporary, 0o666 & ~umask)
     try:
-        quantize_dynamic(
-            model,
-            temporary,
-            op_types_to_quantize=OP_TYPES,
-            per_channel=True,
-            reduce_range=True,
-            weight_type=QuantType.QInt8,
-        )
-        quantized = onnx.load(temporary)
-        integer = sum(n.op_type == "MatMulInteger" for n in quantized.graph.node)
-        left = [n.name for n in weight_matmuls(quantized.graph)]
-        if left or integer != expected:
-            fail(f"{expected} weight MatMuls, {integer} quantized; still float: {left}")
-        onnx.checker.check_model(quantized, full_check=True)
-        os.replace(temporary, args.output)
+        onnx.save(model, temporary)
+        os.replace(temporary, output)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
 
-    ops: dict[str, int] = {}
-    for node in quantized.graph.node:
-        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    parser.add_argument("input")
+    parser.add_argument("output")
+    parser.add_argument("--weight-bits", type=int, choices=[7, 8], required=True, help="range of the int8 weights")
+    parser.add_argument("--logits", default="logits", help="graph output of the vocabulary scores")
+    args = parser.parse_args()
+
+    model, graph = quantize(onnx.load(args.input), args.logits, args.weight_bits)
+    write_atomically(model, args.output)
     print(
         json.dumps(
             {
-                "op_types": OP_TYPES,
+                "op_types": ["MatMul"],
                 "onnxruntime": onnxruntime.__version__,
                 "onnx": onnx.__version__,
-                "graph": {
-                    "weight_matmuls": expected,
-                    "matmul_integer": integer,
-                    "untied_logits": untied,
-                    "op_counts": dict(sorted(ops.items())),
-                },
+                "graph": graph,
             }
         )
     )

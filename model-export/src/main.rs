@@ -5,7 +5,7 @@
 //! import-marian`: a Hugging Face Marian (OPUS-MT) directory -> a package.
 
 use clap::{Parser, Subcommand};
-use model_export::quantize::{Python, QuantizeTo, Quantized};
+use model_export::quantize::{Int8Options, QuantizeTo, Quantized};
 
 #[derive(Parser)]
 #[command(
@@ -26,7 +26,7 @@ struct Cli {
     #[arg(long, value_enum)]
     quantize: Option<QuantizeTo>,
     #[command(flatten)]
-    python: Python,
+    int8: Int8Options,
 }
 
 #[derive(Subcommand)]
@@ -37,11 +37,11 @@ enum Command {
     LengthPredictor(model_export::length_predictor::LengthPredictorExportArgs),
     /// Write an int8 copy of a float32 package: every matrix product of the encoder and
     /// decoder, the tied output projection included (given its own transposed copy of the
-    /// embedding table), gets int8 weights with one scale per output channel, by ONNX
-    /// Runtime's dynamic quantizer (onnxruntime.quantization.quantize_dynamic, run with
-    /// python3); activations are quantized per tensor as the graphs run. Embedding lookups,
-    /// GRU/LSTM layers and the length predictor stay float32. The package contract is
-    /// unchanged, so nmt-server serves it as any other.
+    /// embedding table), gets int8 weights with one scale per output channel; activations
+    /// are quantized one row (one token of one sentence) at a time as the graphs run, so a
+    /// translation does not depend on its batch-mates. Run by python3 (numpy, onnx,
+    /// onnxruntime). Embedding lookups, GRU/LSTM layers and the length predictor stay
+    /// float32. The package contract is unchanged, so nmt-server serves it as any other.
     Quantize(model_export::quantize::QuantizeArgs),
     /// Read a float32 Transformer-family package back into a checkpoint (config.json,
     /// model.safetensors, trainer_state.json with the package's provenance), so that
@@ -67,8 +67,9 @@ enum Command {
 fn report_quantized(quantized: &Quantized, out: &std::path::Path) {
     let (enc, dec) = (&quantized.encoder, &quantized.decoder);
     println!(
-        "wrote {} (int8: {} + {} weight MatMuls as MatMulInteger, output projection {}) to {}",
+        "wrote {} (int8, {}-bit weights: {} + {} weight MatMuls as MatMulIntegerToFloat, output projection {}) to {}",
         quantized.manifest.name,
+        model_package::int8::weight_bits_of(&quantized.manifest.quantization),
         enc.matmul_integer,
         dec.matmul_integer,
         if enc.untied_logits || dec.untied_logits {
@@ -134,7 +135,7 @@ fn main() -> anyhow::Result<()> {
         }
         (None, Some(args)) => match cli.quantize {
             Some(QuantizeTo::Int8) => {
-                let quantized = model_export::quantize::export_quantized(&args, &cli.python)?;
+                let quantized = model_export::quantize::export_quantized(&args, &cli.int8)?;
                 report_quantized(&quantized, &args.out);
             }
             None => {

@@ -1,14 +1,15 @@
 //! `nmt-export quantize` and `nmt-export --quantize int8`: a package whose encoder and
-//! decoder compute every matrix product with int8 weights, one scale per output channel.
+//! decoder compute every matrix product with int8 weights, one scale per output channel,
+//! and activations quantized one row at a time, so that a sentence's translation does not
+//! depend on the other sentences of its batch.
 //!
-//! The quantization is ONNX Runtime's own (`quantize_dynamic` in `python/quantize.py`),
-//! which this crate cannot reimplement without drifting from what the runtime's integer
-//! kernels expect. The script is compiled into the binary and run with python3, so an
-//! installed `nmt-export` needs no checkout. It also unties the output projection: the
-//! quantizer skips the `Gemm` with `transB` that reads the shared embedding table, so the
-//! script gives the projection its own transposed copy first. That rewrite works on any
-//! float32 package, old ones included, which is why it lives in the script rather than in
-//! the graph writers (the float32 graphs keep one table).
+//! The rewrite is `python/quantize.py`, on onnx's graph tools and numpy (its docstring says
+//! why ONNX Runtime's own quantizers do not fit: per-tensor activation scales, or a kernel
+//! slower than float32 in batches). The script is compiled into the binary and run with
+//! python3, so an installed `nmt-export` needs no checkout. It also unties the output
+//! projection, giving it its own transposed copy of the shared embedding table. That rewrite
+//! works on any float32 package, old ones included, which is why it lives in the script
+//! rather than in the graph writers (the float32 graphs keep one table).
 //!
 //! Inputs, outputs and decoder state stay float32, so an int8 package meets the same
 //! contract and the server runs it like any other; only `manifest.precision` tells them
@@ -34,10 +35,46 @@ pub enum QuantizeTo {
     Int8,
 }
 
-/// The Python that runs ONNX Runtime's quantizer.
+/// Range of the int8 weights.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WeightBits {
+    /// 8 bits where this CPU sums uint8 x int8 products exactly (x86 with VNNI, or not x86),
+    /// else 7.
+    #[default]
+    Auto,
+    /// Full int8 (±127): most accurate; can saturate on x86 CPUs without VNNI.
+    #[value(name = "8")]
+    Eight,
+    /// ±63: exact on every CPU, a little less accurate.
+    #[value(name = "7")]
+    Seven,
+}
+
+impl WeightBits {
+    pub fn bits(self) -> u8 {
+        match self {
+            WeightBits::Auto => model_package::int8::weight_bits_for_this_cpu(),
+            WeightBits::Eight => 8,
+            WeightBits::Seven => 7,
+        }
+    }
+}
+
+/// How to quantize: the weights' range and the Python that runs the rewrite.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct Int8Options {
+    /// Range of the int8 weights. A package quantized to 8 bits on a CPU with VNNI and served
+    /// on one without it gets a warning at load (docs/model-package.md, "Int8").
+    #[arg(long, value_enum, default_value_t = WeightBits::Auto)]
+    pub weight_bits: WeightBits,
+    #[command(flatten)]
+    pub python: Python,
+}
+
+/// The Python that runs the quantizer.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Python {
-    /// Python interpreter with the onnxruntime and onnx packages, which do the quantization
+    /// Python interpreter with numpy, onnx and onnxruntime, which do the quantization
     /// (`scripts/setup.sh` installs onnxruntime 1.31.1 and onnx 1.23.2). Only needed for int8.
     #[arg(long = "python", env = "NMT_EXPORT_PYTHON", default_value = "python3")]
     pub interpreter: PathBuf,
@@ -72,7 +109,7 @@ pub struct QuantizeArgs {
     #[arg(long)]
     pub evaluation: Option<PathBuf>,
     #[command(flatten)]
-    pub python: Python,
+    pub int8: Int8Options,
 }
 
 /// What the quantizer did to one graph.
@@ -80,8 +117,13 @@ pub struct QuantizeArgs {
 pub struct GraphReport {
     /// MatMuls against a stored matrix before quantization (the untied projection counted).
     pub weight_matmuls: usize,
-    /// MatMulInteger nodes after it: one per weight MatMul.
+    /// Integer products after it, one per weight MatMul: MatMulIntegerToFloat nodes
+    /// (MatMulInteger in packages quantized per tensor).
     pub matmul_integer: usize,
+    /// Activations quantized per row: one per distinct input of the weight MatMuls (a
+    /// layer's Q, K and V projections share theirs). Absent from older reports.
+    #[serde(default)]
+    pub row_quantizers: usize,
     /// Whether the tied output projection was rewritten against its own transposed copy.
     pub untied_logits: bool,
     /// Nodes of the quantized graph by op type.
@@ -107,21 +149,28 @@ pub struct Quantized {
 }
 
 /// Runs the quantizer on one graph, `input` -> `output`.
-fn quantize_graph(python: &Path, input: &Path, output: &Path) -> anyhow::Result<ScriptReport> {
+fn quantize_graph(
+    python: &Path,
+    weight_bits: u8,
+    input: &Path,
+    output: &Path,
+) -> anyhow::Result<ScriptReport> {
     let run = Command::new(python)
         .arg("-c")
         .arg(SCRIPT)
         .arg(input)
         .arg(output)
+        .arg("--weight-bits")
+        .arg(weight_bits.to_string())
         .arg("--logits")
         .arg(names::LOGITS)
         .output();
     let run = match run {
         Ok(run) => run,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "{} not found: int8 quantization runs ONNX Runtime's Python quantizer; install \
-             Python 3 with onnxruntime and onnx (scripts/setup.sh), or name an interpreter \
-             with --python",
+            "{} not found: int8 quantization runs a Python script on onnx's graph tools; \
+             install Python 3 with numpy, onnx and onnxruntime (scripts/setup.sh), or name an \
+             interpreter with --python",
             python.display()
         ),
         Err(e) => return Err(e).with_context(|| format!("running {}", python.display())),
@@ -173,14 +222,17 @@ pub fn quantize_package(args: &QuantizeArgs) -> anyhow::Result<Quantized> {
         None => serde_json::Value::Null,
     };
 
-    let python = &args.python.interpreter;
+    let python = &args.int8.python.interpreter;
+    let weight_bits = args.int8.weight_bits.bits();
     let encoder = quantize_graph(
         python,
+        weight_bits,
         &args.package.join(files::ENCODER),
         &args.out.join(files::ENCODER),
     )?;
     let decoder = quantize_graph(
         python,
+        weight_bits,
         &args.package.join(files::DECODER),
         &args.out.join(files::DECODER),
     )?;
@@ -212,12 +264,22 @@ pub fn quantize_package(args: &QuantizeArgs) -> anyhow::Result<Quantized> {
     }
 
     manifest.quantization = serde_json::json!({
-        "tool": "onnxruntime.quantization.quantize_dynamic",
+        "tool": "nmt-export quantize (model-export/python/quantize.py)",
         "onnxruntime": decoder.onnxruntime,
         "onnx": decoder.onnx,
         "op_types": decoder.op_types,
-        "weights": "int8, symmetric, one scale per output channel (QInt8, per_channel)",
-        "activations": "uint8, one scale per tensor, computed as the graph runs (DynamicQuantizeLinear)",
+        "weights": format!(
+            "int8, symmetric, one scale per output channel, within ±{}",
+            (1u32 << (weight_bits - 1)) - 1
+        ),
+        model_package::int8::WEIGHT_BITS: weight_bits,
+        "weight_bits_chosen_by": match args.int8.weight_bits {
+            WeightBits::Auto if model_package::int8::cpu_sums_int8_products_exactly() =>
+                "auto: the quantizing CPU sums uint8 x int8 products exactly (VNNI)",
+            WeightBits::Auto => "auto: the quantizing CPU has no VNNI",
+            _ => "--weight-bits",
+        },
+        "activations": "uint8 around zero point 128, one scale per row (max |x| / 127), computed as the graph runs, so a row does not depend on its batch-mates",
         "from": {
             "name": manifest.name,
             files::ENCODER: float_files.get(files::ENCODER),
@@ -248,7 +310,7 @@ pub fn quantize_package(args: &QuantizeArgs) -> anyhow::Result<Quantized> {
 
 /// `nmt-export --quantize int8`: the float32 package, exported to a scratch directory, then
 /// quantized into `args.out`.
-pub fn export_quantized(args: &ExportArgs, python: &Python) -> anyhow::Result<Quantized> {
+pub fn export_quantized(args: &ExportArgs, int8: &Int8Options) -> anyhow::Result<Quantized> {
     let scratch = tempfile::tempdir()?;
     let float = scratch.path().join("float32");
     crate::export_package(&ExportArgs {
@@ -260,6 +322,6 @@ pub fn export_quantized(args: &ExportArgs, python: &Python) -> anyhow::Result<Qu
         out: args.out.clone(),
         name: None,
         evaluation: args.evaluation.clone(),
-        python: python.clone(),
+        int8: int8.clone(),
     })
 }

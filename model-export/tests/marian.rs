@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use model_export::marian::{import_marian, ImportMarianArgs, BANNED_LOGIT};
-use model_export::quantize::{quantize_package, Python, QuantizeArgs};
+use model_export::quantize::{quantize_package, Int8Options, QuantizeArgs};
 use model_package::{Manifest, Precision};
 use nmt_engine::backend::Backend;
 use nmt_engine::decode::{greedy_decode, DecodeInput, DecodeOutput, SpecialIds};
@@ -230,7 +230,7 @@ fn an_imported_model_quantizes() {
         out: int8.clone(),
         name: None,
         evaluation: None,
-        python: Python::default(),
+        int8: Int8Options::default(),
     })
     .unwrap_or_else(|e| panic!("{e:#}"));
     let manifest = Manifest::load(&int8).unwrap();

@@ -6,6 +6,7 @@
 //! decoder state that the manifest lists in [`Manifest::decoder_state`].
 
 pub mod config;
+pub mod int8;
 pub mod lines;
 pub mod manifest;
 pub mod names;

@@ -161,7 +161,8 @@ pub enum Precision {
     #[default]
     Float32,
     /// Weights of every matrix product (the output projection included) in int8, one scale
-    /// per output channel; activations quantized to uint8 per tensor at run time.
+    /// per output channel; activations quantized to uint8 as the graphs run, one scale per
+    /// row (one per tensor in older packages; `quantization.activations` says which).
     Int8,
 }
 

@@ -36,6 +36,9 @@ def test_cells_of_a_run() -> None:
         "ct2-float32-concurrent-inter2-intra1",
     ]
     assert "server-int8-concurrent-t1-w2" in ids and len(ids) == len(set(ids))
+    # CTranslate2's batching on both cores: two replicas, each decoding a batch.
+    assert "ct2-int8-batch-inter2-intra1" in ids
+    assert args.ct2_omp_wait_policy == "", "CTranslate2 runs with libgomp's own wait policy"
     # Without an int8 package, CTranslate2 still runs int8 (its own quantization).
     only_f32 = [c["id"] for c in cells.cells_for(args, {"float32": "/p/f32"})]
     assert "ct2-int8-batch-inter1-intra1" in only_f32 and not any(i.startswith("engine-int8") for i in only_f32)
@@ -54,6 +57,7 @@ def test_ct2_workers_get_the_servers_limits() -> None:
 def test_a_pass_reports_refusals() -> None:
     outcomes = [worker.Outcome("hola", 3, False, False), worker.REFUSED, worker.Outcome("x", 5, True, False)]
     answer = worker.pass_answer(outcomes, 2.0)
+    assert answer.pop("peak_rss_mib") > 10, "the worker's own peak memory, Python included"
     assert answer == {
         "sentences": 3,
         "output_tokens": 8,
@@ -74,7 +78,36 @@ def test_ct2_page_from_a_recorded_run() -> None:
     assert report.agreement(["a", "b", "c"], ["a", "x"]) == {"agree": 1, "of": 3, "differ": [1, 2]}
 
 
-def test_int8_page_is_what_the_recorded_run_renders() -> None:
+def cell(cid: str, system: str, precision: str, mode: str, tokens: int, sentences: int) -> dict[str, object]:
+    passes = [{"output_tokens": tokens, "sentences": sentences, "seconds": 1.0, "peak_rss_mib": 100.0}]
+    result = report.summary(passes)
+    return {"id": cid, "system": system, "precision": precision, "mode": mode, "threads": "t", "result": result}
+
+
+def test_the_goal_compares_many_clients_with_ct2_batching_too() -> None:
+    run = {
+        "cells": [
+            cell("ct2-one", cells.CT2, "int8", "one", 1000, 30),
+            cell("ct2-concurrent", cells.CT2, "int8", "concurrent", 3000, 90),
+            cell("ct2-batch", cells.CT2, "int8", "batch", 6000, 150),
+            cell("server-one", cells.SERVER, "int8", "one", 1300, 40),
+            cell("server-concurrent", cells.SERVER, "int8", "concurrent", 7500, 180),
+            cell("engine-batch", cells.ENGINE, "int8", "batch", 9000, 200),
+        ],
+        "clients": 64,
+        "batch_size": 32,
+    }
+    goals = {g["mode"]: g for g in report.goal_ratios(run)}
+    assert goals["one"]["ct2_cell"] == "ct2-one" and goals["one"]["ratio"] == pytest.approx(1.3)
+    # 64 clients meet CTranslate2's batches, not only its one-sentence calls.
+    assert goals["concurrent"]["ct2_cell"] == "ct2-batch"
+    assert goals["concurrent"]["ratio"] == pytest.approx(1.25)
+    assert goals["concurrent"]["sentences_ratio"] == pytest.approx(1.2)
+    run["goal_ratios"] = report.goal_ratios(run)
+    page = "\n".join(report.goal_table(run) + report.per_cell_table(run))
+    assert "| int8 | 64 | `server-concurrent` | 7500 | `ct2-batch` | 6000 | 1.25 | 1.20 |" in page
+    assert "| `ct2-batch` | CTranslate2 | int8 | t | batches of 32 | 6000 | 150.0 | 100 |" in page
+
     recorded = json.loads((BENCHMARKS / "int8-presets.json").read_text())
     assert presets.markdown(recorded) == (BENCHMARKS / "int8-presets.md").read_text()
 

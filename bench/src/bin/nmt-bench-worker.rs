@@ -111,6 +111,18 @@ struct Pass {
     /// Sentences that stopped at the output budget rather than at EOS (engine only).
     #[serde(skip_serializing_if = "Option::is_none")]
     hit_budget: Option<usize>,
+    /// Peak resident memory since the start (`VmHWM`), in MiB: this process's for `engine`,
+    /// the server's for `http`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_rss_mib: Option<f64>,
+}
+
+/// This process's peak resident memory (`VmHWM`), in MiB, where `/proc` says.
+fn own_peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 fn main() -> ExitCode {
@@ -164,6 +176,7 @@ fn run(args: Args) -> Result<()> {
                     errors: refused,
                     error: (refused > 0).then(|| format!("{refused} inputs refused")),
                     hit_budget: Some(out.iter().filter(|t| t.outcome == Outcome::Budget).count()),
+                    peak_rss_mib: own_peak_rss_mib(),
                 };
                 Ok((pass, out.into_iter().map(|t| t.text).collect()))
             })
@@ -209,7 +222,10 @@ fn run(args: Args) -> Result<()> {
             }))?;
             serve(|| {
                 srv.ensure_running("")?;
-                Ok(runtime.block_on(http_pass(&client, &url, &bodies, clients, timeout)))
+                let (mut pass, texts) =
+                    runtime.block_on(http_pass(&client, &url, &bodies, clients, timeout));
+                pass.peak_rss_mib = srv.peak_rss_mib();
+                Ok((pass, texts))
             })
         }
     }
@@ -309,6 +325,7 @@ async fn http_pass(
         errors: 0,
         error: None,
         hit_budget: None,
+        peak_rss_mib: None,
     };
     let mut texts = Vec::with_capacity(bodies.len());
     for r in results {

@@ -20,8 +20,9 @@ REFERENCE = "this engine (no HTTP), shipped model"
 
 def ct2_cells(args: argparse.Namespace, precision: str, mode: str, package: str) -> list[Cell]:
     layouts = [(1, t) for t in args.ct2_threads]
-    if mode == "concurrent" and args.ct2_inter2:
-        # CTranslate2's own way to use two cores for many clients: two replicas.
+    if mode in ("concurrent", "batch") and args.ct2_inter2:
+        # CTranslate2's own way to use two cores for many sentences: two replicas, each
+        # decoding its own call (a client's sentence, or a batch).
         layouts.append((2, 1))
     return [
         {

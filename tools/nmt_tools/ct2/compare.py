@@ -44,7 +44,7 @@ from typing import Any, NoReturn
 from nmt_tools import verses
 from nmt_tools.ct2 import convert
 from nmt_tools.ct2.cells import CT2, Cell, cells_for, worker_command
-from nmt_tools.ct2.report import Report, agreement, markdown, ratios, summary
+from nmt_tools.ct2.report import Report, agreement, goal_ratios, markdown, ratios, summary
 from nmt_tools.machine import busy_processes, cpu_model, isa_flags, loadavg
 from nmt_tools.paths import repo_root, shown
 from nmt_tools.provenance import command_line, git_state, utc_now, version
@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
         "--no-ct2-inter2",
         dest="ct2_inter2",
         action="store_false",
-        help="skip CTranslate2 with inter_threads 2 x intra_threads 1 (concurrent mode)",
+        help="skip CTranslate2 with inter_threads 2 x intra_threads 1 (concurrent and batch modes)",
     )
     add("--our-threads", default="1,2", help="ONNX Runtime intra-op threads of the engine's batched cells")
     add(
@@ -89,10 +89,10 @@ def parser() -> argparse.ArgumentParser:
     )
     add(
         "--ct2-omp-wait-policy",
-        default="PASSIVE",
-        help="OMP_WAIT_POLICY of the CTranslate2 workers ('' leaves libgomp's default, "
-        "which spins and on a machine shared with other work made intra_threads 2 up to "
-        "ten times slower than intra_threads 1)",
+        default="",
+        help="OMP_WAIT_POLICY of the CTranslate2 workers (default '': libgomp's own, which "
+        "spins, as CTranslate2's users run it; PASSIVE made its intra_threads 2 about 5x "
+        "slower on an idle machine, so it is no fair default)",
     )
     add("--server-threads", default="1,2", help="nmt-server --intra-op-threads of the HTTP cells (one worker)")
     add(
@@ -354,6 +354,7 @@ def build_report(
         "wall_seconds": time.time() - started,
     }
     report["ratios"] = ratios(report)
+    report["goal_ratios"] = goal_ratios(report)
     return report
 
 

@@ -20,12 +20,16 @@ MODE_TITLES = {
 
 
 def summary(passes: list[dict[str, Any]]) -> dict[str, Any]:
-    """A cell's passes: target subwords per second, median and range."""
+    """A cell's passes: target subwords per second, median and range; sentences per second
+    (median); the largest peak resident memory any pass reported."""
     rates = [p["output_tokens"] / p["seconds"] for p in passes]
+    peaks = [p["peak_rss_mib"] for p in passes if p.get("peak_rss_mib") is not None]
     return {
         "median": statistics.median(rates),
         "min": min(rates),
         "max": max(rates),
+        "sentences_per_second": statistics.median(p["sentences"] / p["seconds"] for p in passes),
+        "peak_rss_mib": max(peaks) if peaks else None,
         "tokens_per_second": rates,
         "output_tokens": [p["output_tokens"] for p in passes],
         "seconds": [p["seconds"] for p in passes],
@@ -66,6 +70,41 @@ def ratios(report: Report) -> list[dict[str, Any]]:
                     "ratio_same_mode": best_same and c["result"]["median"] / best_same["result"]["median"],
                     "ct2_best": best_any["id"],
                     "ratio_best": c["result"]["median"] / best_any["result"]["median"],
+                }
+            )
+    return out
+
+
+# The goal's comparisons: this server (HTTP) in a mode against CTranslate2's best median of the
+# same precision over these modes.
+GOALS = {"one": ("one",), "concurrent": ("concurrent", "batch")}
+
+
+def goal_ratios(report: Report) -> list[dict[str, Any]]:
+    """This server's best median over CTranslate2's best, per precision: one client against
+    CTranslate2 one sentence at a time; many clients against CTranslate2 at its fastest with
+    many sentences, its own batching included."""
+    cells = [c for c in report["cells"] if "result" in c and not c.get("reference")]
+    out = []
+    for precision in ("float32", "int8"):
+        for mode, ct2_modes in GOALS.items():
+            ours = [c for c in cells if c["system"] == SERVER and c["precision"] == precision and c["mode"] == mode]
+            ct2 = [c for c in cells if c["system"] == CT2 and c["precision"] == precision and c["mode"] in ct2_modes]
+            if not ours or not ct2:
+                continue
+            best = max(ours, key=lambda c: c["result"]["median"])
+            theirs = max(ct2, key=lambda c: c["result"]["median"])
+            out.append(
+                {
+                    "precision": precision,
+                    "mode": mode,
+                    "cell": best["id"],
+                    "median": best["result"]["median"],
+                    "ct2_cell": theirs["id"],
+                    "ct2_median": theirs["result"]["median"],
+                    "ratio": best["result"]["median"] / theirs["result"]["median"],
+                    "sentences_ratio": best["result"]["sentences_per_second"]
+                    / theirs["result"]["sentences_per_second"],
                 }
             )
     return out
@@ -133,7 +172,9 @@ def modes_explained(r: Report) -> list[str]:
         f"- batches of {r['batch_size']}: the whole set sorted longest first and cut into "
         f"batches of {r['batch_size']}, the same batches on both sides (this engine's own "
         "order, as nmt-eval and nmt-translate run it); CTranslate2 decodes a batch up to its "
-        "longest budget and each output is cut to its own budget, where this engine stops.",
+        "longest budget and each output is cut to its own budget, where this engine stops. "
+        "With `inter_threads` 2, two Python threads hand CTranslate2 the batches, so that both "
+        "replicas decode one at a time (its batching on both cores).",
     ]
     if r.get("reference_package"):
         lines.append(
@@ -178,6 +219,55 @@ def throughput_table(r: Report) -> list[str]:
     if failed:
         lines += ["", "Cells that failed:", ""]
         lines += [f"- {c['id']}: {c['failure']}" for c in failed]
+    return lines
+
+
+def per_cell_table(r: Report) -> list[str]:
+    """Sentences per second and peak memory beside each cell's subwords per second."""
+    lines = [
+        "",
+        "Every cell: target subwords and sentences per second (medians) and the peak resident "
+        "memory of the process that translates (CTranslate2's worker, Python included; this "
+        "engine's worker; the server for HTTP cells):",
+        "",
+        "| cell | system | precision | threads | mode | tok/s | sentences/s | peak RSS (MiB) |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for c in r["cells"]:
+        res = c.get("result")
+        if not res:
+            continue
+        rss = f"{res['peak_rss_mib']:.0f}" if res.get("peak_rss_mib") is not None else "-"
+        sentences = res.get("sentences_per_second")
+        lines.append(
+            f"| `{c['id']}` | {c['system']} | {c['precision']} | {c['threads']} | "
+            f"{mode_title(c['mode'], r)} | {res['median']:.0f} | "
+            + (f"{sentences:.1f}" if sentences is not None else "-")
+            + f" | {rss} |"
+        )
+    return lines
+
+
+def goal_table(r: Report) -> list[str]:
+    rows = r.get("goal_ratios") or []
+    if not rows:
+        return []
+    lines = [
+        "",
+        "The goal's comparison: this server's best layout against CTranslate2's best setting of "
+        "the same precision, 1 client against one sentence at a time, "
+        f"{r['clients']} clients against CTranslate2's best with many sentences (its "
+        f"{r['clients']} threads or its own batches of {r['batch_size']}, on both cores):",
+        "",
+        "| precision | clients | this server | tok/s | CTranslate2 | tok/s | ratio (tok/s) | ratio (sentences/s) |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for x in rows:
+        clients = "1" if x["mode"] == "one" else str(r["clients"])
+        lines.append(
+            f"| {x['precision']} | {clients} | `{x['cell']}` | {x['median']:.0f} | `{x['ct2_cell']}` | "
+            f"{x['ct2_median']:.0f} | {x['ratio']:.2f} | {x['sentences_ratio']:.2f} |"
+        )
     return lines
 
 
@@ -247,5 +337,14 @@ def reproduce(r: Report) -> list[str]:
 
 
 def markdown(r: Report) -> str:
-    sections = [header, modes_explained, throughput_table, ratio_table, agreement_table, reproduce]
+    sections = [
+        header,
+        modes_explained,
+        throughput_table,
+        goal_table,
+        per_cell_table,
+        ratio_table,
+        agreement_table,
+        reproduce,
+    ]
     return "\n".join(line for section in sections for line in section(r))

@@ -14,6 +14,7 @@ import argparse
 import concurrent.futures
 import json
 import math
+import resource
 import sys
 import threading
 import time
@@ -124,10 +125,14 @@ class Ct2Side:
             f.result()
         return results
 
-    def pass_batched(self, texts: list[str], batch_size: int) -> list[Outcome]:
+    def pass_batched(
+        self, texts: list[str], batch_size: int, pool: concurrent.futures.ThreadPoolExecutor | None
+    ) -> list[Outcome]:
         """Batches of `batch_size` sorted longest first, the order and batches this engine's
         `translate` makes. One decoding length serves a batch, so each batch runs to its
-        longest budget and outputs are cut to their own budget (what this engine stops at)."""
+        longest budget and outputs are cut to their own budget (what this engine stops at).
+        With a pool (one thread per `inter_threads` replica), the batches are handed out as
+        threads free up, so every replica decodes one: CTranslate2's batching on all cores."""
         results: list[Outcome] = [REFUSED] * len(texts)
         pending: list[tuple[int, list[str]]] = []
         for i, text in enumerate(texts):
@@ -135,13 +140,21 @@ class Ct2Side:
             if tokens is not None:
                 pending.append((i, tokens))
         pending.sort(key=lambda p: (-len(p[1]), p[0]))
-        for k in range(0, len(pending), batch_size):
-            chunk = pending[k : k + batch_size]
+        chunks = [pending[k : k + batch_size] for k in range(0, len(pending), batch_size)]
+
+        def one_batch(chunk: list[tuple[int, list[str]]]) -> None:
             budgets = [self.budget(len(tokens)) for _, tokens in chunk]
             outs = self.decode([tokens for _, tokens in chunk], max(budgets))
             for (i, _), out, budget in zip(chunk, outs, budgets, strict=True):
                 kept = out[:budget]
                 results[i] = Outcome(self.detokenize(kept), len(kept), len(kept) >= budget, False)
+
+        if pool is None:
+            for chunk in chunks:
+                one_batch(chunk)
+        else:
+            for done in [pool.submit(one_batch, chunk) for chunk in chunks]:
+                done.result()
         return results
 
 
@@ -157,7 +170,8 @@ def write_lines(path: str, texts: list[str]) -> None:
 
 
 def pass_answer(results: list[Outcome], seconds: float) -> dict[str, Any]:
-    """What a pass reports, as nmt-bench-worker reports it."""
+    """What a pass reports, as nmt-bench-worker reports it; the peak resident memory is this
+    whole process's, the Python interpreter and tokenizer included."""
     refused = sum(r.refused for r in results)
     answer: dict[str, Any] = {
         "sentences": len(results),
@@ -165,6 +179,8 @@ def pass_answer(results: list[Outcome], seconds: float) -> dict[str, Any]:
         "seconds": seconds,
         "errors": refused,
         "hit_budget": sum(r.hit_budget for r in results),
+        # Linux reports ru_maxrss in KiB.
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     if refused:
         answer["error"] = f"{refused} inputs refused"
@@ -195,14 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     side = Ct2Side(args)
     texts = verses.load(args.verses)
-    pool = concurrent.futures.ThreadPoolExecutor(args.clients) if args.mode == "concurrent" else None
+    pool = None
+    if args.mode == "concurrent":
+        pool = concurrent.futures.ThreadPoolExecutor(args.clients)
+    elif args.mode == "batch" and args.inter_threads > 1:
+        pool = concurrent.futures.ThreadPoolExecutor(args.inter_threads)
 
     def run(batch: list[str]) -> list[Outcome]:
-        if pool is not None:
+        if args.mode == "concurrent" and pool is not None:
             return side.pass_concurrent(batch, args.clients, pool)
         if args.mode == "one":
             return side.pass_one_by_one(batch)
-        return side.pass_batched(batch, args.batch_size)
+        return side.pass_batched(batch, args.batch_size, pool)
 
     run(texts[: args.warmup])
     say({"ready": True, "ctranslate2": version("ctranslate2"), "sentences": len(texts)})

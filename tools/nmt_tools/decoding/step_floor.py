@@ -10,8 +10,9 @@ order, round 2 reversed, ...), on one intra-op thread:
 - projections: every matrix product of the decoder with a constant weight (the layers' linear
   projections, Shaw's relative value table, the output projection), taken with the package's
   own weights into a graph of those products alone, each fed a fresh [1, K] input; for int8,
-  that graph quantized as `nmt-export --quantize int8` quantizes (ONNX Runtime's
-  `quantize_dynamic`, QInt8 weights per channel, 7-bit); in µs per run;
+  that graph quantized by `nmt-export quantize`'s own script (model-export/python/quantize.py:
+  int8 weights per channel, 8-bit on a CPU with VNNI and 7-bit elsewhere, activations per
+  row); in µs per run;
 - dispatch: a chain of as many one-row elementwise nodes as ONNX Runtime runs in the optimized
   step (Add, Mul, Sub on [1, d_model]), in µs per run: what the node count alone costs;
 - empty run: a graph that takes the step's inputs at the shapes of a mid-verse step and
@@ -33,7 +34,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nmt_tools.machine import cpu_model, isa_flags
+from nmt_tools.paths import repo_root
 from nmt_tools.provenance import short_commit, version
 
 if TYPE_CHECKING:
@@ -228,13 +232,18 @@ def projections_graph(package: str) -> tuple[onnx.ModelProto, Feeds, int, int]:
 
 
 def quantized(model: onnx.ModelProto, work: str) -> onnx.ModelProto:
+    """The graph as `nmt-export quantize` rewrites a package's graphs, with the weight range
+    it picks for this CPU."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     source = os.path.join(work, "projections.onnx")
     target = os.path.join(work, "projections.int8.onnx")
     onnx.save(model, source)
-    quantize_dynamic(source, target, per_channel=True, reduce_range=True, weight_type=QuantType.QInt8)
+    vnni = {"avx512_vnni", "avx_vnni"} & set(isa_flags())
+    bits = "8" if vnni or platform.machine() not in ("x86_64", "AMD64", "i686") else "7"
+    script = repo_root() / "model-export" / "python" / "quantize.py"
+    command = [sys.executable, str(script), source, target, "--weight-bits", bits]
+    subprocess.run(command, check=True, capture_output=True, text=True)
     return onnx.load(target)
 
 
