@@ -170,6 +170,8 @@ class Rewriter:
         self.graph = graph
         self.opset = opset
         self.weight_qmax = weight_qmax
+        # The float weights, read once: the tensors the rewrite adds are never looked up.
+        self.stored = initializers(graph)
         self.rows: dict[str, tuple[str, str]] = {}
         self.nodes: dict[int, list[onnx.NodeProto]] = {}
         self.constants: dict[str, str] = {}
@@ -212,8 +214,7 @@ class Rewriter:
         return self.rows[x]
 
     def replace(self, node: onnx.NodeProto, at: int) -> None:
-        stored = initializers(self.graph)
-        weight = numpy_helper.to_array(stored[node.input[1]])
+        weight = numpy_helper.to_array(self.stored[node.input[1]])
         values, scale = quantized_weight(weight, self.weight_qmax)
         p = fresh_name(self.graph, f"{node.input[1]}.int8")
         self.graph.initializer.extend(
@@ -247,6 +248,7 @@ class Rewriter:
             order.extend(self.nodes.get(at, []))
             if at in kept:
                 order.append(kept[at])
+        # Copies: the kept nodes are views into the field that is about to be cleared.
         order = [onnx.NodeProto.FromString(n.SerializeToString()) for n in order]
         del self.graph.node[:]
         self.graph.node.extend(order)

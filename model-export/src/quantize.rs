@@ -273,10 +273,10 @@ pub fn quantize_package(args: &QuantizeArgs) -> anyhow::Result<Quantized> {
             (1u32 << (weight_bits - 1)) - 1
         ),
         model_package::int8::WEIGHT_BITS: weight_bits,
-        "weight_bits_chosen_by": match args.int8.weight_bits {
-            WeightBits::Auto if model_package::int8::cpu_sums_int8_products_exactly() =>
+        "weight_bits_chosen_by": match (args.int8.weight_bits, weight_bits) {
+            (WeightBits::Auto, 8) =>
                 "auto: the quantizing CPU sums uint8 x int8 products exactly (VNNI)",
-            WeightBits::Auto => "auto: the quantizing CPU has no VNNI",
+            (WeightBits::Auto, _) => "auto: the quantizing CPU has no VNNI",
             _ => "--weight-bits",
         },
         "activations": "uint8 around zero point 128, one scale per row (max |x| / 127), computed as the graph runs, so a row does not depend on its batch-mates",

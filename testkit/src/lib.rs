@@ -21,5 +21,5 @@ mod texts;
 
 pub use binaries::{release_binary, shipped_package, workspace_binary, workspace_root};
 pub use client::{ApiClient, TranslateReply};
-pub use process::{ServerProcess, StartOptions, Stderr};
+pub use process::{proc_status_mib, ServerProcess, StartOptions, Stderr};
 pub use texts::{distinct_texts_of_subwords, text_of_subwords};

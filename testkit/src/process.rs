@@ -360,10 +360,7 @@ impl ServerProcess {
         if !matches!(process.child.try_wait(), Ok(None)) {
             return None;
         }
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-        let line = status.lines().find(|l| l.starts_with(field))?;
-        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib / 1024.0)
+        proc_status_mib(&self.pid.to_string(), field)
     }
 }
 
@@ -399,4 +396,13 @@ fn read_announcements(stdout: ChildStdout, tx: &mpsc::Sender<Announcement>) {
         // Once the server has started nobody receives; the lines are drained all the same.
         let _ = tx.send(announcement);
     }
+}
+
+/// A field of `/proc/PROCESS/status` given in kB (`VmHWM:`, `VmRSS:`), as MiB; `PROCESS` is a
+/// pid or `self`. `None` where `/proc` does not say.
+pub fn proc_status_mib(process: &str, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{process}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }

@@ -117,14 +117,6 @@ struct Pass {
     peak_rss_mib: Option<f64>,
 }
 
-/// This process's peak resident memory (`VmHWM`), in MiB, where `/proc` says.
-fn own_peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(args) {
@@ -176,7 +168,7 @@ fn run(args: Args) -> Result<()> {
                     errors: refused,
                     error: (refused > 0).then(|| format!("{refused} inputs refused")),
                     hit_budget: Some(out.iter().filter(|t| t.outcome == Outcome::Budget).count()),
-                    peak_rss_mib: own_peak_rss_mib(),
+                    peak_rss_mib: nmt_testkit::proc_status_mib("self", "VmHWM:"),
                 };
                 Ok((pass, out.into_iter().map(|t| t.text).collect()))
             })
