@@ -308,6 +308,7 @@ fn add_around(
                 source: Some(source),
                 predicted,
                 pulled,
+                tolerance: 1,
             });
         }
     }
@@ -430,6 +431,7 @@ mod tests {
             source: Some(LengthSource::Predictor),
             predicted: Some(10.2),
             pulled: false,
+            tolerance: 1,
         };
         let goal = CharGoal {
             about: Some(About::chars(40)),
@@ -508,6 +510,7 @@ mod tests {
             source: Some(LengthSource::TargetChars),
             predicted: None,
             pulled: false,
+            tolerance: 1,
         };
         let tried = [plan(8), plan(10)];
         // 20 characters from 10 subwords: 2 a subword, so 40 want 20.

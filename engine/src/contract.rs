@@ -123,10 +123,26 @@ pub fn check_contract(
             ));
         }
     }
-    if encoder_outputs.is_empty() {
-        problems.push(format!("{} has no outputs", files::ENCODER));
+    // Every encoder output is memory for the decoder, but the length head's prediction
+    // (`nmt-export length-predictor --head states`), which the length predictor reads.
+    let (predictions, encoder_outputs): (Vec<&Port>, Vec<&Port>) = encoder_outputs
+        .iter()
+        .partition(|p| p.name == names::PREDICTED_LENGTHS);
+    for port in predictions {
+        if port.ty != Some(Float32) || port.shape.len() != 1 {
+            problems.push(format!(
+                "{} output `{}` is {:?} of rank {}; predicted lengths are float32 [batch]",
+                files::ENCODER,
+                port.name,
+                port.ty,
+                port.shape.len()
+            ));
+        }
     }
-    for port in encoder_outputs {
+    if encoder_outputs.is_empty() {
+        problems.push(format!("{} has no memory outputs", files::ENCODER));
+    }
+    for port in &encoder_outputs {
         if !port.name.starts_with(names::MEMORY_PREFIX) {
             problems.push(format!(
                 "{} output `{}` is not named `{}*`",
@@ -194,7 +210,11 @@ pub fn check_contract(
         .filter(|p| p.name.starts_with(names::MEMORY_PREFIX))
         .map(|p| p.name.clone())
         .collect();
-    let produced: BTreeSet<&str> = enc_out.keys().copied().collect();
+    let produced: BTreeSet<&str> = enc_out
+        .keys()
+        .copied()
+        .filter(|&name| name != names::PREDICTED_LENGTHS)
+        .collect();
     let consumed: BTreeSet<&str> = memory.iter().map(String::as_str).collect();
     for name in produced.difference(&consumed) {
         problems.push(format!(
@@ -428,6 +448,23 @@ mod tests {
             !check(&graphs(), &super::tests::manifest())
                 .unwrap()
                 .length_aware
+        );
+    }
+
+    #[test]
+    fn the_encoders_length_head_is_not_memory() {
+        let mut g = graphs();
+        g.enc_out
+            .push(Port::new("predicted_lengths", Float32, &[-1]));
+        let layout = check(&g, &manifest()).unwrap();
+        assert!(!layout.memory.iter().any(|m| m == "predicted_lengths"));
+        g.enc_out.pop();
+        g.enc_out
+            .push(Port::new("predicted_lengths", Float32, &[-1, -1]));
+        let err = check(&g, &manifest()).unwrap_err().to_string();
+        assert!(
+            err.contains("predicted lengths are float32 [batch]"),
+            "{err}"
         );
     }
 

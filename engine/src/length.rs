@@ -17,7 +17,7 @@ use crate::decode::DecodeInput;
 use crate::error::ValidationError;
 use crate::limits::RequestLimits;
 use crate::logits::EosRule;
-use crate::predictor::{LengthPredictor, PredictorError};
+use crate::predictor::{LengthPredictor, PredictorError, SourceText};
 
 /// The length a request asks for: in JSON a positive integer, `"source"` or `"auto"`; on a
 /// command line the same words (one parser for every transport and tool).
@@ -255,6 +255,9 @@ pub struct LengthModel {
     pub length_aware: bool,
     pub linear_fit: Option<LinearFit>,
     pub predictor: Option<std::sync::Arc<LengthPredictor>>,
+    /// Soft mode pulls toward a predicted length from both sides beyond this share of it
+    /// (the manifest's `prediction_pull`); `None`: only a runaway far past it is pulled.
+    pub prediction_pull: Option<f64>,
     /// Mean characters (spaces included) per target subword on the training targets.
     pub chars_per_subword: f64,
 }
@@ -270,6 +273,7 @@ impl LengthModel {
             length_aware,
             linear_fit: None,
             predictor: None,
+            prediction_pull: None,
             chars_per_subword: DEFAULT_CHARS_PER_SUBWORD,
         }
     }
@@ -288,11 +292,19 @@ impl LengthModel {
             return Ok(length);
         };
         length.linear_fit = Some(prediction.linear_fit);
+        length.prediction_pull = prediction.prediction_pull;
+        if let Some(share) = prediction.prediction_pull {
+            anyhow::ensure!(
+                share > 0.0 && share <= 1.0,
+                "{}: prediction_pull {share} is not a share in (0, 1]",
+                dir.display()
+            );
+        }
         if let Some(chars) = prediction.chars_per_target_subword {
             length.chars_per_subword = chars;
         }
         if let Some(spec) = &prediction.predictor {
-            match LengthPredictor::load(env, dir, spec, options) {
+            match LengthPredictor::load(env, dir, spec, i64::from(manifest.pad_id), options) {
                 Ok(predictor) => length.predictor = Some(std::sync::Arc::new(predictor)),
                 Err(PredictorError::NotInstalled { path, source_hint }) => tracing::warn!(
                     model = %manifest.name,
@@ -366,16 +378,16 @@ impl LengthModel {
     /// (a neural network may run).
     pub fn predict(
         &self,
-        texts: &[&str],
-        source_tokens: &[usize],
+        texts: &[SourceText],
     ) -> anyhow::Result<Vec<Option<(f64, LengthSource)>>> {
         let learned = match &self.predictor {
             Some(predictor) => predictor.predict(texts)?,
             None => vec![None; texts.len()],
         };
+        let source_tokens: Vec<usize> = texts.iter().map(|t| t.source_tokens).collect();
         Ok(learned
             .into_iter()
-            .zip(self.fit(source_tokens))
+            .zip(self.fit(&source_tokens))
             .map(|(p, fit)| p.map(|p| (p, LengthSource::Predictor)).or(fit))
             .collect())
     }
@@ -412,6 +424,10 @@ pub struct LengthPlan {
     /// is pulled to an end: a guess at the natural length, or a candidate length for a
     /// character goal (which ends as a sentence more often unpulled).
     pub pulled: bool,
+    /// Subwords either side of the target within which a pulled row ends where the model
+    /// likes: 1 for a length asked for, a share of a prediction (the manifest's
+    /// `prediction_pull`).
+    pub tolerance: usize,
 }
 
 impl LengthPlan {
@@ -420,6 +436,7 @@ impl LengthPlan {
         source: None,
         predicted: None,
         pulled: false,
+        tolerance: 1,
     };
 }
 
@@ -440,18 +457,25 @@ pub fn plan(
             source: Some(LengthSource::Request),
             predicted: None,
             pulled: true,
+            tolerance: 1,
         },
         (Some(TargetLength::Source), _) => LengthPlan {
             target: Some(clamp(source_tokens as f64)),
             source: Some(LengthSource::Source),
             predicted: None,
             pulled: true,
+            tolerance: 1,
         },
         (_, Some((p, source))) => LengthPlan {
             target: Some(clamp(p)),
             source: Some(source),
             predicted: Some(p),
-            pulled: false,
+            // A prediction's error grows with its length: the model ends freely within a
+            // share of it either side.
+            pulled: length.prediction_pull.is_some(),
+            tolerance: length
+                .prediction_pull
+                .map_or(1, |share| ((share * p).round() as usize).max(1)),
         },
         // A length-aware decoder always needs a length; without a prediction the source's
         // is the best guess it has.
@@ -460,6 +484,7 @@ pub fn plan(
             source: Some(LengthSource::Source),
             predicted: None,
             pulled: true,
+            tolerance: 1,
         },
         _ => LengthPlan::FREE,
     };
@@ -508,12 +533,12 @@ pub const RUNAWAY_PULL: f32 = 2.0;
 /// toward from both sides. A predicted length is a guess at the natural one, and pulling
 /// toward a guess costs quality, so only a runaway far past it is pulled to an end; so is a
 /// candidate length of a character goal, which the model is left to end as a sentence.
-fn soft_rule(target: usize, pulled: bool, limits: &RequestLimits) -> EosRule {
+fn soft_rule(target: usize, pulled: bool, tolerance: usize, limits: &RequestLimits) -> EosRule {
     if pulled {
         if limits.length_pull > 0.0 {
             return EosRule::Pull {
                 target,
-                tolerance: 1,
+                tolerance,
                 per_token: limits.length_pull,
             };
         }
@@ -549,7 +574,7 @@ pub fn decode_input(
         // The decoder plans the length itself; the budget only stops a runaway row, with
         // room for the planned length plus some slack.
         LengthMode::Soft => (
-            soft_rule(n, plan.pulled, limits),
+            soft_rule(n, plan.pulled, plan.tolerance, limits),
             free_budget
                 .max(n + limits.max_length_offset)
                 .min(max_output),
@@ -750,6 +775,42 @@ mod tests {
     }
 
     #[test]
+    fn a_prediction_is_pulled_toward_beyond_the_packages_share_of_it() {
+        let req = ask(None, LengthMode::Soft, None);
+        let predicted = Some((40.4, LengthSource::Predictor));
+        let p = plan(&req, &model(true, true), 38, predicted, 512);
+        assert!(
+            !p.pulled,
+            "without prediction_pull only runaways are pulled"
+        );
+        let pulling = LengthModel {
+            prediction_pull: Some(0.15),
+            ..model(true, true)
+        };
+        let p = plan(&req, &pulling, 38, predicted, 512);
+        // round(0.15 * 40.4) = 6 subwords either side of the 40 planned.
+        assert_eq!((p.target, p.pulled, p.tolerance), (Some(40), true, 6));
+        let soft = decode_input(vec![5, 2], 38, &p, LengthMode::Soft, true, &limits(), 512);
+        assert_eq!(
+            soft.eos,
+            EosRule::Pull {
+                target: 40,
+                tolerance: 6,
+                per_token: DEFAULT_LENGTH_PULL
+            }
+        );
+        // A length asked for is still pulled within one subword.
+        let asked = plan(
+            &ask(Some(TargetLength::Source), LengthMode::Soft, None),
+            &pulling,
+            38,
+            None,
+            512,
+        );
+        assert_eq!((asked.pulled, asked.tolerance), (true, 1));
+    }
+
+    #[test]
     fn predictions_are_made_only_where_used() {
         let aware = model(true, true);
         let none = ask(None, LengthMode::Soft, None);
@@ -770,6 +831,7 @@ mod tests {
             source: Some(LengthSource::Request),
             predicted: None,
             pulled: true,
+            tolerance: 1,
         };
         let exact = decode_input(vec![5, 2], 1, &plan, LengthMode::Exact, true, &limits, 64);
         assert_eq!(
@@ -812,6 +874,7 @@ mod tests {
         let predicted = LengthPlan {
             source: Some(LengthSource::Predictor),
             pulled: false,
+            tolerance: 1,
             ..plan
         };
         let natural = decode_input(

@@ -171,8 +171,10 @@ impl MemoryBound {
                 let pairs = pairs(1, spec.max_input_tokens) as u64;
                 SCORE_COPIES_AT_PEAK * heads * pairs * f32_bytes
             }
-            // Ids, mask, lengths and their products, one number per input token: at most a
-            // few MiB, no attention.
+            // The encoder's own run, for the head's output alone.
+            Some(spec) if spec.computes == PredictorGraph::Encoder => encoder_run,
+            // A table (per WordPiece or subword): ids, mask, lengths and their products, one
+            // number per input token: at most a few MiB, no attention.
             Some(spec) => LEXICAL_COPIES_AT_PEAK * spec.max_input_tokens as u64 * 8,
             None => 0,
         };
@@ -232,6 +234,14 @@ mod tests {
         spec.computes = PredictorGraph::Bert;
         spec.max_input_tokens = 512;
         let bert_run = MemoryBound::new(&bert, shape).predictor_run;
+        let mut head = manifest.clone();
+        head.length_prediction
+            .as_mut()
+            .and_then(|p| p.predictor.as_mut())
+            .unwrap()
+            .computes = PredictorGraph::Encoder;
+        let head_bound = MemoryBound::new(&head, shape);
+        assert_eq!(head_bound.predictor_run, head_bound.encoder_run);
         assert_eq!(bert_run, 12 * 12 * 512 * 512 * 4);
         assert_eq!(
             bound.above_idle(),

@@ -51,7 +51,7 @@ fn warn_of_saturating_int8(manifest: &Manifest, execution_provider: &str) {
 /// of 16, a source gets the same scores bit for bit whatever else shares its batch
 /// (docs/model-package.md, "Int8"); the decoder's caches already grow in steps of 16
 /// (`slots::time_room`).
-const SOURCE_GRANULE: usize = 16;
+pub(crate) const SOURCE_GRANULE: usize = 16;
 
 static ENVIRONMENT: Mutex<Option<Environment>> = Mutex::new(None);
 

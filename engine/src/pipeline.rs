@@ -17,6 +17,7 @@ use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, Le
 use crate::limits::{LimitSource, RequestLimits};
 use crate::logits::MAX_NO_REPEAT_NGRAM_SIZE;
 use crate::package::{Prepared, Restore, TextCodec};
+use crate::predictor::SourceText;
 
 /// Texts predicted in one batch of the length predictor: in the server, one turn at it
 /// (small enough that others' turns come between a large request's chunks, large enough that
@@ -319,12 +320,16 @@ impl Pipeline {
         &self,
         texts: impl IntoIterator<Item = &'a ValidText>,
     ) -> Result<Vec<Prediction>, EngineError> {
-        let (words, tokens): (Vec<&str>, Vec<usize>) = texts
+        let texts: Vec<SourceText> = texts
             .into_iter()
-            .map(|t| (t.text.as_str(), t.source_tokens))
-            .unzip();
+            .map(|t| SourceText {
+                text: &t.text,
+                source_ids: &t.source_ids,
+                source_tokens: t.source_tokens,
+            })
+            .collect();
         self.length
-            .predict(&words, &tokens)
+            .predict(&texts)
             .map_err(|e| EngineError::Predict(format!("{e:#}")))
     }
 

@@ -1,25 +1,33 @@
-//! The learned length predictor of a package (a BERT encoder with a regression head, in its
-//! own ONNX graph and with its own WordPiece tokenizer): the natural target length of a
-//! source, which `"auto"` asks for and a length-aware decoder is fed by default.
+//! The learned length predictor of a package: the natural target length of a source, which
+//! `"auto"` asks for and a length-aware decoder is fed by default. Either a graph of its own
+//! with its own WordPiece tokenizer (a BERT with a regression head, or its lexical table), or
+//! a head on the translation model's own encoder states, an output of the encoder graph read
+//! from the encoder inputs the pipeline already built.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context};
-use model_package::{manifest::sha256_file, names, LengthPredictorSpec};
+use model_package::{manifest::sha256_file, names, LengthPredictorSpec, PredictorGraph};
 use ort::environment::Environment;
-use ort::session::Session;
+use ort::session::{OutputSelector, RunOptions, Session};
 use ort::value::Tensor;
 use tokenizers::Tokenizer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::memory;
-use crate::onnx::{session_builder, CpuMemory, SessionOptions};
+use crate::onnx::{session_builder, CpuMemory, SessionOptions, SOURCE_GRANULE};
 
-/// Most requests waiting for the predictor before more are refused (429): little next to a
-/// request's decoding, and a lexical predictor's 32 turns take milliseconds.
+/// Most requests waiting for a neural predictor (a BERT, a head on the encoder) before more
+/// are refused (429): the queue comes before admission, so it must stay short next to a
+/// request's timeout (a quarter of a second of BERT predictions).
 pub const PREDICTOR_QUEUE_LIMIT: usize = 32;
+
+/// The same for a table lookup (lexical or subword table), whose turn costs a thread
+/// handoff and microseconds: 64 clients arriving at once filled a queue of 32 and were
+/// refused, though 1,024 turns take about a tenth of a second.
+pub const LOOKUP_QUEUE_LIMIT: usize = 1024;
 
 pub struct LengthPredictor {
     // ONNX Runtime runs one call at a time per session here; predictions are short next to
@@ -28,8 +36,29 @@ pub struct LengthPredictor {
     /// Requests take turns here, asynchronously, before they take a blocking thread to run
     /// the session: see [`LengthPredictor::turn_unless_busy`].
     turns: Turns,
-    tokenizer: Tokenizer,
+    reads: PredictorInput,
     max_input_tokens: usize,
+    /// Most callers that may wait for a turn.
+    queue_limit: usize,
+}
+
+/// What the predictor's graph is fed.
+enum PredictorInput {
+    /// The text in its own tokenizer's ids with their special tokens, and an i64 mask.
+    Text(Box<Tokenizer>),
+    /// The encoder's inputs (the text's subword ids, EOS appended) and its float mask: a head
+    /// on the encoder (its output alone is computed) or a table of the package's subwords.
+    EncoderIds { pad_id: i64 },
+}
+
+/// A text to predict the length of, as the pipeline has it.
+#[derive(Clone, Copy, Debug)]
+pub struct SourceText<'a> {
+    pub text: &'a str,
+    /// Encoder input (placeholders masked, EOS appended).
+    pub source_ids: &'a [i64],
+    /// Subwords of the text (EOS not counted).
+    pub source_tokens: usize,
 }
 
 /// Why a package's predictor was not loaded although the manifest lists one.
@@ -47,11 +76,13 @@ pub enum PredictorError {
 
 impl LengthPredictor {
     /// Opens the predictor of the package in `dir`, after checking that every external file
-    /// it reads is installed and is the file it was exported against.
+    /// it reads is installed and is the file it was exported against. `pad_id` pads the
+    /// encoder's inputs for a head on the encoder.
     pub fn load(
         env: &Environment,
         dir: &Path,
         spec: &LengthPredictorSpec,
+        pad_id: i64,
         options: &SessionOptions,
     ) -> Result<Self, PredictorError> {
         for file in &spec.external_files {
@@ -73,26 +104,27 @@ impl LengthPredictor {
                 .into());
             }
         }
-        let tokenizer_path = dir.join(&spec.tokenizer);
-        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| anyhow!("loading {}: {e}", tokenizer_path.display()))?;
-        // `[SEP]` in user text is text; the tokenizer's post-processor adds the real ones.
-        tokenizer.set_encode_special_tokens(true);
-        // Pretrained tokenizer files often pad every text to a fixed length and truncate long
-        // ones (all-MiniLM-L6-v2's: 128): padding here would count as tokens, and a truncated
-        // text would be predicted from its first part. Batches are padded below, with a mask;
-        // texts too long for the predictor get the linear fit.
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| anyhow!("{}: {e}", tokenizer_path.display()))?;
-        tokenizer.with_padding(None);
+        let reads = match spec.computes {
+            PredictorGraph::Encoder | PredictorGraph::SubwordTable => {
+                PredictorInput::EncoderIds { pad_id }
+            }
+            PredictorGraph::Bert | PredictorGraph::Lexical => {
+                PredictorInput::Text(Box::new(text_tokenizer(&dir.join(&spec.tokenizer))?))
+            }
+        };
         let graph = dir.join(&spec.graph);
         let (mut builder, _) = session_builder(env, options, CpuMemory::PerRun)?;
         let session = builder
             .commit_from_file(&graph)
             .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", graph.display()))?;
         let has = |ports: &[ort::value::Outlet], name: &str| ports.iter().any(|p| p.name() == name);
-        for input in [names::PREDICTOR_INPUT_IDS, names::PREDICTOR_ATTENTION_MASK] {
+        let inputs = match reads {
+            PredictorInput::Text(_) => {
+                [names::PREDICTOR_INPUT_IDS, names::PREDICTOR_ATTENTION_MASK]
+            }
+            PredictorInput::EncoderIds { .. } => [names::SOURCE_IDS, names::SOURCE_MASK],
+        };
+        for input in inputs {
             if !has(session.inputs(), input) {
                 return Err(anyhow!("{} has no input `{input}`", graph.display()).into());
             }
@@ -108,14 +140,18 @@ impl LengthPredictor {
         Ok(LengthPredictor {
             session: Mutex::new(session),
             turns: Turns::new(),
-            tokenizer,
+            reads,
             max_input_tokens: spec.max_input_tokens,
+            queue_limit: match spec.computes {
+                PredictorGraph::Bert | PredictorGraph::Encoder => PREDICTOR_QUEUE_LIMIT,
+                PredictorGraph::Lexical | PredictorGraph::SubwordTable => LOOKUP_QUEUE_LIMIT,
+            },
         })
     }
 
     /// Waits, without holding a thread, until the session is free for the caller, who holds
-    /// it until the permit drops; `None` at once when [`PREDICTOR_QUEUE_LIMIT`] callers are
-    /// already waiting, and the caller should refuse (planning with the linear fit instead would
+    /// it until the permit drops; `None` at once when [`LengthPredictor::queue_limit`] callers
+    /// are already waiting, and the caller should refuse (planning with the linear fit instead would
     /// make a text's translation depend on the load).
     ///
     /// A blocking thread that waited on the session's lock instead could not be taken back: a
@@ -125,7 +161,13 @@ impl LengthPredictor {
     /// requests waited out their whole timeout here, at 100-140 predictions a second, before
     /// the scheduler could refuse them at the door.
     pub async fn turn_unless_busy(&self) -> Option<OwnedSemaphorePermit> {
-        self.turns.take_unless_queued(PREDICTOR_QUEUE_LIMIT).await
+        self.turns.take_unless_queued(self.queue_limit).await
+    }
+
+    /// Most callers that may wait for a turn ([`PREDICTOR_QUEUE_LIMIT`] for a neural network,
+    /// [`LOOKUP_QUEUE_LIMIT`] for a table).
+    pub fn queue_limit(&self) -> usize {
+        self.queue_limit
     }
 
     /// Callers waiting for a turn.
@@ -135,27 +177,38 @@ impl LengthPredictor {
 
     /// The predicted target length of each text (target subwords, EOS not counted,
     /// unrounded); `None` for a text longer than the predictor takes.
-    pub fn predict(&self, texts: &[&str]) -> anyhow::Result<Vec<Option<f64>>> {
-        let encodings = self
-            .tokenizer
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| anyhow!("tokenizing for the length predictor: {e}"))?;
+    pub fn predict(&self, texts: &[SourceText]) -> anyhow::Result<Vec<Option<f64>>> {
+        let rows: Vec<Vec<i64>> = match &self.reads {
+            PredictorInput::Text(tokenizer) => tokenizer
+                .encode_batch(texts.iter().map(|t| t.text).collect(), true)
+                .map_err(|e| anyhow!("tokenizing for the length predictor: {e}"))?
+                .iter()
+                .map(|e| e.get_ids().iter().map(|&id| i64::from(id)).collect())
+                .collect(),
+            PredictorInput::EncoderIds { .. } => {
+                texts.iter().map(|t| t.source_ids.to_vec()).collect()
+            }
+        };
         let fits: Vec<usize> = (0..texts.len())
-            .filter(|&i| encodings[i].get_ids().len() <= self.max_input_tokens)
+            .filter(|&i| rows[i].len() <= self.max_input_tokens)
             .collect();
         let mut predictions = vec![None; texts.len()];
-        let lengths: Vec<usize> = fits.iter().map(|&i| encodings[i].get_ids().len()).collect();
-        // Runs of at most one maximal text's attention (the predictor's own input limit is
-        // far below the encoder's, and its BERT has three times the heads).
-        let pairs_per_run = memory::pairs(1, self.max_input_tokens);
+        let lengths: Vec<usize> = fits.iter().map(|&i| rows[i].len()).collect();
+        // Runs of at most one maximal text's attention (a BERT's input limit is far below the
+        // encoder's, and it has three times the heads); the encoder's head runs in the
+        // encoder's own pieces.
+        let pairs_per_run = match self.reads {
+            PredictorInput::Text(_) => memory::pairs(1, self.max_input_tokens),
+            PredictorInput::EncoderIds { .. } => memory::PAIRS_PER_RUN,
+        };
         for piece in memory::pieces(&lengths, pairs_per_run) {
-            let rows: Vec<&[u32]> = fits[piece.clone()]
+            let piece_rows: Vec<&[i64]> = fits[piece.clone()]
                 .iter()
-                .map(|&i| encodings[i].get_ids())
+                .map(|&i| rows[i].as_slice())
                 .collect();
-            let predicted = self.run(&rows);
-            let len = rows.iter().map(|r| r.len()).max().unwrap_or(1);
-            memory::after_run(memory::pairs(rows.len(), len));
+            let predicted = self.run(&piece_rows);
+            let len = piece_rows.iter().map(|r| r.len()).max().unwrap_or(1);
+            memory::after_run(memory::pairs(piece_rows.len(), len));
             for (&i, &p) in fits[piece].iter().zip(&predicted?) {
                 // Hundredths: padding in a batch moves the float in its last digits, and a
                 // text's prediction (and the length planned from it) should not depend on its
@@ -167,31 +220,50 @@ impl LengthPredictor {
         Ok(predictions)
     }
 
-    /// One run of the predictor over `rows` of token ids, padded to the longest: a length per
-    /// row. Every tensor of the run is dropped when this returns.
-    fn run(&self, rows: &[&[u32]]) -> anyhow::Result<Vec<f32>> {
-        let len = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-        let mut ids = vec![0i64; rows.len() * len];
+    /// One run of the predictor over `rows` of token ids, padded to the longest (the encoder's
+    /// inputs as the encoder pads them): a length per row. Every tensor of the run is dropped
+    /// when this returns.
+    fn run(&self, rows: &[&[i64]]) -> anyhow::Result<Vec<f32>> {
+        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+        let (len, pad_id) = match self.reads {
+            PredictorInput::Text(_) => (longest, 0),
+            PredictorInput::EncoderIds { pad_id } => {
+                (longest.next_multiple_of(SOURCE_GRANULE), pad_id)
+            }
+        };
+        let mut ids = vec![pad_id; rows.len() * len];
         let mut mask = vec![0i64; rows.len() * len];
         for (row, row_ids) in rows.iter().enumerate() {
-            for (col, &id) in row_ids.iter().enumerate() {
-                ids[row * len + col] = i64::from(id);
-                mask[row * len + col] = 1;
-            }
+            ids[row * len..row * len + row_ids.len()].copy_from_slice(row_ids);
+            mask[row * len..row * len + row_ids.len()].fill(1);
         }
         let shape = [rows.len(), len];
         let ids = Tensor::from_array((shape, ids))?;
-        let mask = Tensor::from_array((shape, mask))?;
         let mut session = self
             .session
             .lock()
             .map_err(|_| anyhow!("the length predictor session is poisoned"))?;
-        let outputs = session
-            .run(ort::inputs! {
+        // For the encoder's head only its output is asked for: the memory projections are
+        // left out of the run.
+        let only_lengths = RunOptions::new()?
+            .with_outputs(OutputSelector::no_default().with(names::PREDICTED_LENGTHS));
+        let outputs = match self.reads {
+            PredictorInput::Text(_) => session.run(ort::inputs! {
                 names::PREDICTOR_INPUT_IDS => ids,
-                names::PREDICTOR_ATTENTION_MASK => mask,
-            })
-            .context("running the length predictor")?;
+                names::PREDICTOR_ATTENTION_MASK => Tensor::from_array((shape, mask))?,
+            }),
+            PredictorInput::EncoderIds { .. } => {
+                let mask: Vec<f32> = mask.into_iter().map(|m| m as f32).collect();
+                session.run_with_options(
+                    ort::inputs! {
+                        names::SOURCE_IDS => ids,
+                        names::SOURCE_MASK => Tensor::from_array((shape, mask))?,
+                    },
+                    &only_lengths,
+                )
+            }
+        }
+        .context("running the length predictor")?;
         let (_, lengths) = outputs[names::PREDICTED_LENGTHS].try_extract_tensor::<f32>()?;
         if lengths.len() != rows.len() {
             bail!(
@@ -202,6 +274,24 @@ impl LengthPredictor {
         }
         Ok(lengths.to_vec())
     }
+}
+
+/// A text tokenizer for a predictor graph of its own, with its special tokens added as the
+/// graph expects and nothing else done to the text.
+fn text_tokenizer(path: &Path) -> Result<Tokenizer, PredictorError> {
+    let mut tokenizer =
+        Tokenizer::from_file(path).map_err(|e| anyhow!("loading {}: {e}", path.display()))?;
+    // `[SEP]` in user text is text; the tokenizer's post-processor adds the real ones.
+    tokenizer.set_encode_special_tokens(true);
+    // Pretrained tokenizer files often pad every text to a fixed length and truncate long
+    // ones (all-MiniLM-L6-v2's: 128): padding here would count as tokens, and a truncated
+    // text would be predicted from its first part. Batches are padded below, with a mask;
+    // texts too long for the predictor get the linear fit.
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    tokenizer.with_padding(None);
+    Ok(tokenizer)
 }
 
 /// Turns at a resource one caller at a time, with the number of callers waiting for one.

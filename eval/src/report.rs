@@ -254,7 +254,8 @@ pub fn render_markdown(report: &Report) -> String {
         report.decoding.max_length_offset,
         if report.decoding.runaway_ratio > 0.0 {
             format!(
-                "a predicted length's runaways pulled to an end past {} × it + 5",
+                "a predicted length's runaways pulled to an end past {} × it + 5, or the \
+                 prediction pulled toward beyond the package's `prediction_pull` share of it",
                 report.decoding.runaway_ratio
             )
         } else {

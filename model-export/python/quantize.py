@@ -83,8 +83,9 @@ def initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
 
 
 def weight_matmuls(graph: onnx.GraphProto) -> list[int]:
-    """Indices of the MatMuls whose B is a stored float matrix: the ones that become integer
-    products."""
+    """Indices of the MatMuls whose B is a stored float matrix of more than one column: the
+    ones that become integer products. A one-column product (the encoder's length head) is a
+    dot product per row, where quantizing would save nothing and move the predicted lengths."""
     stored = initializers(graph)
     return [
         i
@@ -93,6 +94,7 @@ def weight_matmuls(graph: onnx.GraphProto) -> list[int]:
         and n.input[1] in stored
         and len(stored[n.input[1]].dims) == 2
         and stored[n.input[1]].data_type == TensorProto.FLOAT
+        and stored[n.input[1]].dims[1] > 1
     ]
 
 

@@ -111,7 +111,7 @@ fn read_initializers(
 
 /// A graph's float initializers by checkpoint key (the first where two share one), e.g. a
 /// length predictor's head read back.
-pub(crate) fn float_initializers(path: &Path) -> anyhow::Result<HashMap<String, Vec<f32>>> {
+pub fn float_initializers(path: &Path) -> anyhow::Result<HashMap<String, Vec<f32>>> {
     let mut all = HashMap::new();
     read_initializers(path, &mut all)?;
     Ok(all

@@ -45,7 +45,7 @@ pub struct LengthPredictorExportArgs {
     /// length_predictor.json).
     #[arg(
         long,
-        required_unless_present_any = ["from_package", "linear_fit_corpus"],
+        required_unless_present_any = ["from_package", "linear_fit_corpus", "head"],
         requires = "bert_dir"
     )]
     pub predictor: Option<PathBuf>,
@@ -65,6 +65,15 @@ pub struct LengthPredictorExportArgs {
     /// whose predictor would not beat the fit by enough to pay for itself.
     #[arg(long, conflicts_with_all = ["predictor", "bert_dir", "from_package"])]
     pub linear_fit_corpus: Option<PathBuf>,
+    /// Fit a length head on what the translation model reads instead of a BERT, in closed
+    /// form: `states`, a linear function of each final encoder state summed over the source,
+    /// written into encoder.onnx as one more output; `subwords`, a learned target length per
+    /// source subword summed, in length_predictor.onnx. No second model, no other tokenizer.
+    /// The package must be float32 (quantize after).
+    #[arg(long, value_enum, conflicts_with_all = ["predictor", "bert_dir", "from_package", "linear_fit_corpus"])]
+    pub head: Option<crate::length_head::HeadFeatures>,
+    #[command(flatten)]
+    pub head_args: crate::length_head::LengthHeadArgs,
     /// Origin of the BERT files, recorded in the manifest with `/<file name>` appended.
     #[arg(
         long,
@@ -462,6 +471,13 @@ fn copy_from_package(from: &Path, to: &Path) -> anyhow::Result<LengthPrediction>
         .predictor
         .as_ref()
         .with_context(|| format!("{} has a linear fit but no predictor", from.display()))?;
+    ensure!(
+        spec.computes != PredictorGraph::Encoder,
+        "{}'s predictor is a head on its own encoder, which {} does not have: fit one on \
+         it with --head states",
+        from.display(),
+        to.display()
+    );
     std::fs::create_dir_all(to.join(FILES_DIR))?;
     copy_unchanged(&from.join(&spec.graph), &to.join(&spec.graph))?;
     for file in &spec.external_files {
@@ -529,6 +545,9 @@ pub fn export_length_predictor(
     if let Some(corpus) = &args.linear_fit_corpus {
         return record_linear_fit(corpus, &args.package);
     }
+    if let Some(features) = args.head {
+        return crate::length_head::export_length_head(&args.package, features, &args.head_args);
+    }
     let (Some(predictor), Some(bert_dir)) = (&args.predictor, &args.bert_dir) else {
         let from = args
             .from_package
@@ -585,6 +604,7 @@ pub fn export_length_predictor(
     }
     let prediction = LengthPrediction {
         linear_fit: report.linear_fit,
+        prediction_pull: None,
         chars_per_target_subword: Some(report.chars_per_target_subword),
         predictor: Some(LengthPredictorSpec {
             graph: GRAPH.into(),
@@ -614,6 +634,7 @@ fn record_linear_fit(corpus: &Path, package: &Path) -> anyhow::Result<LengthPred
     let (linear_fit, chars_per_target_subword) = nmt_train::length::fit_line(&pairs, &tokenizer)?;
     let prediction = LengthPrediction {
         linear_fit,
+        prediction_pull: None,
         chars_per_target_subword: Some(chars_per_target_subword),
         predictor: None,
     };

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod graph;
+pub mod length_head;
 pub mod length_predictor;
 pub mod marian;
 pub mod proto;
@@ -63,6 +64,25 @@ pub struct ExportArgs {
     /// written to the manifest's `domains`, shown by `GET /models` and the page.
     #[arg(long = "domain")]
     pub domains: Vec<String>,
+}
+
+impl ExportArgs {
+    /// How the tests export a tiny model (`nmt_train::fixture`): named `tiny`, outputs of
+    /// at most 64 subwords, nothing else recorded.
+    pub fn tiny(checkpoint: &Path, out: &Path) -> Self {
+        ExportArgs {
+            checkpoint: checkpoint.to_path_buf(),
+            tokenizer: None,
+            out: out.to_path_buf(),
+            name: Some("tiny".into()),
+            source_language: "en".into(),
+            target_language: "es".into(),
+            max_source_tokens: None,
+            max_target_tokens: 64,
+            evaluation: None,
+            domains: Vec::new(),
+        }
+    }
 }
 
 pub fn write_onnx(path: &Path, model: &proto::ModelProto) -> anyhow::Result<()> {

@@ -90,8 +90,11 @@ fn main() -> anyhow::Result<()> {
         (Some(Command::LengthPredictor(args)), _) => {
             let prediction = model_export::length_predictor::export_length_predictor(&args)?;
             let fit = prediction.linear_fit;
-            let wrote = match prediction.predictor {
-                Some(_) => format!("wrote {}", model_export::length_predictor::GRAPH),
+            let wrote = match &prediction.predictor {
+                Some(spec) if spec.computes == model_package::PredictorGraph::Encoder => {
+                    format!("added the length head to {}", spec.graph)
+                }
+                Some(spec) => format!("wrote {}", spec.graph),
                 None => "recorded no predictor graph".to_owned(),
             };
             println!(

@@ -74,8 +74,9 @@ pub struct Int8Options {
 /// The Python that runs the quantizer.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Python {
-    /// Python interpreter with numpy, onnx and onnxruntime, which do the quantization
-    /// (`scripts/setup.sh` installs onnxruntime 1.31.1 and onnx 1.23.2). Only needed for int8.
+    /// Python interpreter with numpy, onnx and onnxruntime, which do the quantization and fit
+    /// the encoder's length head (`scripts/setup.sh` installs onnxruntime 1.31.1 and onnx
+    /// 1.23.2). Only needed for int8 and the length head.
     #[arg(long = "python", env = "NMT_EXPORT_PYTHON", default_value = "python3")]
     pub interpreter: PathBuf,
 }
@@ -150,44 +151,59 @@ pub struct Quantized {
 
 /// Runs the quantizer on one graph, `input` -> `output`.
 fn quantize_graph(
-    python: &Path,
+    python: &Python,
     weight_bits: u8,
     input: &Path,
     output: &Path,
 ) -> anyhow::Result<ScriptReport> {
-    let run = Command::new(python)
-        .arg("-c")
-        .arg(SCRIPT)
-        .arg(input)
-        .arg(output)
-        .arg("--weight-bits")
-        .arg(weight_bits.to_string())
-        .arg("--logits")
-        .arg(names::LOGITS)
-        .output();
-    let run = match run {
-        Ok(run) => run,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "{} not found: int8 quantization runs a Python script on onnx's graph tools; \
-             install Python 3 with numpy, onnx and onnxruntime (scripts/setup.sh), or name an \
-             interpreter with --python",
-            python.display()
-        ),
-        Err(e) => return Err(e).with_context(|| format!("running {}", python.display())),
-    };
-    if !run.status.success() {
-        bail!(
-            "quantizing {}: {}",
-            input.display(),
-            String::from_utf8_lossy(&run.stderr).trim()
-        );
+    let bits = weight_bits.to_string();
+    let args = [
+        input.as_os_str(),
+        output.as_os_str(),
+        "--weight-bits".as_ref(),
+        bits.as_ref(),
+        "--logits".as_ref(),
+        names::LOGITS.as_ref(),
+    ];
+    python
+        .run_json(SCRIPT, &args)
+        .with_context(|| format!("quantizing {}", input.display()))
+}
+
+impl Python {
+    /// Runs `script` (a file carried by the binary) with `args` and reads the JSON report it
+    /// prints on stdout.
+    pub fn run_json<T: serde::de::DeserializeOwned>(
+        &self,
+        script: &str,
+        args: &[&std::ffi::OsStr],
+    ) -> anyhow::Result<T> {
+        let python = &self.interpreter;
+        let run = Command::new(python)
+            .arg("-c")
+            .arg(script)
+            .args(args)
+            .output();
+        let run = match run {
+            Ok(run) => run,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+                "{} not found: this step runs a Python script on onnx's graph tools; install \
+                 Python 3 with numpy, onnx and onnxruntime (scripts/setup.sh), or name an \
+                 interpreter with --python",
+                python.display()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("running {}", python.display())),
+        };
+        if !run.status.success() {
+            bail!("{}", String::from_utf8_lossy(&run.stderr).trim());
+        }
+        serde_json::from_slice(&run.stdout).with_context(|| {
+            format!(
+                "reading the script's report: {}",
+                String::from_utf8_lossy(&run.stdout)
+            )
+        })
     }
-    serde_json::from_slice(&run.stdout).with_context(|| {
-        format!(
-            "reading the quantizer's report: {}",
-            String::from_utf8_lossy(&run.stdout)
-        )
-    })
 }
 
 fn copy_file(from: &Path, to: &Path) -> anyhow::Result<()> {
@@ -222,7 +238,7 @@ pub fn quantize_package(args: &QuantizeArgs) -> anyhow::Result<Quantized> {
         None => serde_json::Value::Null,
     };
 
-    let python = &args.int8.python.interpreter;
+    let python = &args.int8.python;
     let weight_bits = args.int8.weight_bits.bits();
     let encoder = quantize_graph(
         python,

@@ -261,6 +261,8 @@ fn empty_package(dir: &Path) {
 
 fn export(package: &Path, run: &Path, bert_dir: &Path) {
     export_length_predictor(&LengthPredictorExportArgs {
+        head: None,
+        head_args: Default::default(),
         package: package.to_path_buf(),
         predictor: Some(run.to_path_buf()),
         bert_dir: Some(bert_dir.to_path_buf()),
@@ -274,6 +276,8 @@ fn export(package: &Path, run: &Path, bert_dir: &Path) {
 
 fn copy_predictor(from: &Path, to: &Path) -> anyhow::Result<()> {
     export_length_predictor(&LengthPredictorExportArgs {
+        head: None,
+        head_args: Default::default(),
         package: to.to_path_buf(),
         predictor: None,
         bert_dir: None,

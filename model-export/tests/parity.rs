@@ -256,19 +256,8 @@ fn check_parity_after(preset: &str, steps: usize) {
     let work = tempfile::tempdir().unwrap();
     let run = nmt_train::fixture::tiny_run_with(work.path(), preset, steps).unwrap();
     let package = work.path().join("package");
-    model_export::export_package(&model_export::ExportArgs {
-        checkpoint: run.checkpoint.clone(),
-        tokenizer: None,
-        out: package.clone(),
-        name: Some("tiny".into()),
-        source_language: "en".into(),
-        target_language: "es".into(),
-        max_source_tokens: None,
-        max_target_tokens: 64,
-        evaluation: None,
-        domains: Vec::new(),
-    })
-    .unwrap();
+    model_export::export_package(&model_export::ExportArgs::tiny(&run.checkpoint, &package))
+        .unwrap();
     let manifest = Manifest::load(&package).unwrap();
     check_reads_back(&package, &run.checkpoint, work.path());
 

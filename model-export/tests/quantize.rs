@@ -257,18 +257,7 @@ fn check_int8(preset: &str, steps: usize) {
     let work = tempfile::tempdir().unwrap();
     let run = nmt_train::fixture::tiny_run_with(work.path(), preset, steps).unwrap();
     let float = work.path().join("float32");
-    let export = model_export::ExportArgs {
-        checkpoint: run.checkpoint.clone(),
-        tokenizer: None,
-        out: float.clone(),
-        name: Some("tiny".into()),
-        source_language: "en".into(),
-        target_language: "es".into(),
-        max_source_tokens: None,
-        max_target_tokens: 64,
-        evaluation: None,
-        domains: Vec::new(),
-    };
+    let export = model_export::ExportArgs::tiny(&run.checkpoint, &float);
     model_export::export_package(&export).unwrap();
     let int8 = work.path().join("int8");
     let quantized = quantize_package(&QuantizeArgs {
@@ -442,6 +431,7 @@ fn check_package_files(float: &Path, int8: &Path, export: &model_export::ExportA
             slope: 1.0,
             intercept: 2.0,
         },
+        prediction_pull: None,
         chars_per_target_subword: Some(3.5),
         predictor: Some(model_package::LengthPredictorSpec {
             graph: "length_predictor.onnx".into(),

@@ -178,6 +178,12 @@ pub struct LengthPrediction {
     /// A learned regressor; `None` when the package has only the linear fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predictor: Option<LengthPredictorSpec>,
+    /// Soft mode pulls the decoder toward a predicted length from both sides beyond this
+    /// share of it (0.15: the model ends freely within ±15%), instead of only ending
+    /// runaways far past it: for a model that, left to end a long input on its own, stops
+    /// early (measured: docs/model-package.md, "Length prediction").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction_pull: Option<f64>,
 }
 
 /// `target = slope * source + intercept`, `source` in subwords of the package's own
@@ -228,6 +234,13 @@ pub enum PredictorGraph {
     /// The head's target length per WordPiece, summed over the input: the prediction of a
     /// head kept without its `[CLS]` correction, a lookup linear in the input.
     Lexical,
+    /// A head on the translation model's own final encoder states, an extra output of the
+    /// package's encoder graph (`graph` names it) read from the encoder inputs the engine
+    /// builds (`tokenizer` is the package's): one encoder pass, no second model.
+    Encoder,
+    /// A learned target length per source subword of the package's own tokenizer, summed:
+    /// a graph of its own fed the encoder's inputs, a table lookup.
+    SubwordTable,
 }
 
 /// A file a package reads from outside itself: where it must be, what it must hash to, and

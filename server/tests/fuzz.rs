@@ -608,6 +608,7 @@ fn harness() -> &'static Harness {
                     intercept: 1.5,
                 }),
                 predictor: None,
+                prediction_pull: None,
                 chars_per_subword: 4.2,
             }),
             ..TestModel::copy("shipped", copy())

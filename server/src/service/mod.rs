@@ -19,7 +19,6 @@ use nmt_engine::decode::{DecodeOutput, StopReason};
 use nmt_engine::length::{LengthPlan, LengthRequest, TargetChars, TargetLength};
 use nmt_engine::limits::LimitSource;
 use nmt_engine::pipeline::{Attempts, Pipeline, Prediction, ValidText, PREDICTION_CHUNK};
-use nmt_engine::predictor::PREDICTOR_QUEUE_LIMIT;
 use nmt_engine::sentences::{self, Sentences};
 use nmt_engine::{EngineError, ValidationError};
 use tokio::sync::Notify;
@@ -514,8 +513,9 @@ impl Infer {
                 None => {
                     return Err(ApiError::Overloaded {
                         message: format!(
-                            "{PREDICTOR_QUEUE_LIMIT} requests are waiting for the length \
-                             predictor; retry shortly, or send target_length \"source\""
+                            "{} requests are waiting for the length predictor; retry shortly, \
+                             or send target_length \"source\"",
+                            predictor.queue_limit()
                         ),
                         retry_after_seconds: 1,
                     })

@@ -116,7 +116,8 @@ def tables(runs: Runs, pulls: list[str]) -> list[str]:
         lines += [
             "\n## Soft mode's pull toward the asked length\n",
             "`nmt-server --length-pull P` (`NMT_LENGTH_PULL`): in soft mode, for a length the request "
-            "asked for (a number, `source`, `max_chars`; never a predicted length), P logits per "
+            "asked for (a number, `source`, `max_chars`; a predicted length only where the package "
+            "sets `prediction_pull`, and then only beyond that share of it), P logits per "
             "subword are taken from EOS for every subword short of the length minus one, and given "
             "to it for every subword past the length plus one. The length encoding still plans the "
             "sentence; the pull trades sentence endings (punct.) and BLEU for precision (VAR, ±1, ±2). "
