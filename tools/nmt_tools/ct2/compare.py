@@ -6,7 +6,9 @@
     python3 -m nmt_tools.ct2.compare --package PACKAGE \\
         --out-json docs/benchmarks/ctranslate2.json --out-md docs/benchmarks/ctranslate2.md
 
-The package is converted to a CTranslate2 model (nmt_tools.ct2.convert), and its int8 twin is
+The package is converted to a CTranslate2 model (nmt_tools.ct2.convert; a package imported from a
+Hugging Face directory by `nmt-export import-marian` is compared on CTranslate2's own conversion
+of that directory, `--hf-dir`), and its int8 twin is
 written by `nmt-export quantize` when that subcommand exists (or given with --int8-package).
 Every configuration measured ("cell") runs in its own worker process, loaded and warmed up
 once and kept for the whole run: CTranslate2's in `python3 -m nmt_tools.ct2.worker`, this
@@ -63,6 +65,11 @@ def parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--render", metavar="JSON", help="print the Markdown page of a run's JSON, and nothing else")
     add("--package", help="float32 model package CTranslate2 can express (required unless --render)")
+    add(
+        "--hf-dir",
+        help="the Hugging Face directory --package was imported from (`nmt-export import-marian`): "
+        "CTranslate2 converts it with its own converter (`ct2-transformers-converter`) instead",
+    )
     add("--int8-package", help="its int8 twin (default: `nmt-export quantize` of --package, when it exists)")
     add("--no-int8", action="store_true", help="no int8 package on this side")
     add("--reference-package", help="also run this engine on this package (e.g. the shipped model), for reference")
@@ -129,7 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--package is required (unless --render)")
     # Paths are taken from where the module is started; the workers run from the repository
     # root, where the binaries' default paths point.
-    for name in ("package", "int8_package", "reference_package", "verses", "work", "out_json", "out_md"):
+    for name in ("package", "hf_dir", "int8_package", "reference_package", "verses", "work", "out_json", "out_md"):
         if getattr(args, name):
             setattr(args, name, os.path.abspath(getattr(args, name)))
     for name in ("ct2_threads", "our_threads", "our_threads_one", "server_threads", "server_workers"):
@@ -337,7 +344,12 @@ def build_report(
         "machine": machine,
         "ct2_backend": ct2_backend(run.ct2_model),
         "versions": {name: version(name) for name in ("ctranslate2", "onnxruntime", "tokenizers")},
-        "package": {"path": shown(args.package), "name": manifest["name"], "preset": manifest["config"]["preset"]},
+        "package": {
+            "path": shown(args.package),
+            "name": manifest["name"],
+            "preset": manifest["config"]["preset"],
+            "hf_dir": args.hf_dir and shown(args.hf_dir),
+        },
         "int8": {"package": int8[0] and shown(int8[0]), "how": int8[1]},
         "reference_package": args.reference_package and shown(args.reference_package),
         "verses": shown(args.verses),
@@ -383,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ct2_model = work / "ct2-model"
     try:
-        manifest = convert.convert(args.package, ct2_model, force=True)
+        if args.hf_dir:
+            manifest = convert.convert_hf(args.hf_dir, args.package, ct2_model)
+        else:
+            manifest = convert.convert(args.package, ct2_model, force=True)
     except convert.Refused as e:
         print(f"compare: CTranslate2 cannot run {args.package}: {e}", file=sys.stderr)
         return 2

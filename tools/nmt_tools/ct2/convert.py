@@ -328,6 +328,35 @@ def convert(
     return manifest
 
 
+def convert_hf(hf_dir: str | Path, package: str | Path, out: str | Path) -> dict[str, Any]:
+    """Writes CTranslate2's own conversion of a Hugging Face directory (`ct2-transformers-
+    converter`: OPUS-MT's Marian models among others) to `out`, for a package that
+    `nmt-export import-marian` made from the same directory; returns the package's manifest.
+    Needs transformers and torch (`pip install -e 'tools[marian]'`)."""
+    import ctranslate2
+
+    package, out = Path(package), Path(out)
+    manifest: dict[str, Any] = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
+    if out.exists():
+        shutil.rmtree(out)
+    ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(out), force=True)
+    # Marian's tokenizer appends EOS to every source, and so does this engine; CTranslate2's
+    # converted model leaves it to the caller, whom this switch stands in for.
+    config_path = out / "config.json"
+    ct2_config = json.loads(config_path.read_text(encoding="utf-8"))
+    ct2_config["add_source_eos"] = True
+    config_path.write_text(json.dumps(ct2_config, indent=2) + "\n", encoding="utf-8")
+    source = {
+        "package": str(package.resolve()),
+        "hf_dir": str(Path(hf_dir).resolve()),
+        "name": manifest["name"],
+        "converter": "ctranslate2.converters.TransformersConverter",
+        "ctranslate2": version("ctranslate2"),
+    }
+    (out / "source_package.json").write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python3 -m nmt_tools.ct2.convert",

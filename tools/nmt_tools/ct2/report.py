@@ -139,8 +139,14 @@ def header(r: Report) -> list[str]:
         + f"), ONNX Runtime {r['versions']['onnxruntime']}, tokenizers (Python) "
         f"{r['versions']['tokenizers']}",
         f"- model: `{r['package']['path']}` ({r['package']['name']}, preset "
-        f"`{r['package']['preset']}`), converted by `nmt_tools.ct2.convert`; "
-        'CTranslate2\'s int8 is `compute_type="int8"` on that float32 model (weights '
+        f"`{r['package']['preset']}`), "
+        + (
+            f"imported from `{r['package']['hf_dir']}`, which CTranslate2 converts with its own "
+            "`TransformersConverter` (`add_source_eos` set, as Marian's tokenizer appends it); "
+            if r["package"].get("hf_dir")
+            else "converted by `nmt_tools.ct2.convert`; "
+        )
+        + 'CTranslate2\'s int8 is `compute_type="int8"` on that float32 model (weights '
         "quantized when it loads); this side's int8: "
         + (f"`{int8['package']}` from {int8['how']}" if int8["package"] else int8["how"]),
         f"- inputs: `{r['verses']}` ({r['sentences']} verses); a pass translates each once; "

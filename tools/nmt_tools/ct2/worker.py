@@ -51,7 +51,10 @@ class Ct2Side:
         package = Path(args.package)
         manifest = json.loads((package / "manifest.json").read_text(encoding="utf-8"))
         self.tokenizer = tokenizers.Tokenizer.from_file(str(package / "tokenizer.json"))
-        self.ids = self.tokenizer.get_vocab(with_added_tokens=True)
+        # An imported Marian model reads and writes with different SentencePiece models.
+        target = manifest.get("target_tokenizer")
+        self.target_tokenizer = tokenizers.Tokenizer.from_file(str(package / target)) if target else self.tokenizer
+        self.ids = self.target_tokenizer.get_vocab(with_added_tokens=True)
         self.translator = ctranslate2.Translator(
             args.model,
             device="cpu",
@@ -79,7 +82,7 @@ class Ct2Side:
         return tokens if admitted else None
 
     def detokenize(self, tokens: list[str]) -> str:
-        text: str = self.tokenizer.decode([self.ids[t] for t in tokens], skip_special_tokens=True)
+        text: str = self.target_tokenizer.decode([self.ids[t] for t in tokens], skip_special_tokens=True)
         return text
 
     def decode(self, batch: list[list[str]], max_length: int) -> list[list[str]]:

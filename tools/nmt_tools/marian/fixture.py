@@ -23,7 +23,9 @@ configs have them. Then the references, in `reference.json`:
 
 writes the committed fixture (`tiny-swish`); `--sweep` adds the wider set (other activations,
 sizes, `scale_embedding` off) to check by hand with `cargo test -p model-export --test marian
--- --ignored` (`NMT_MARIAN_SWEEP=DIR`). Needs torch (the CPU wheel is enough), transformers,
+-- --ignored` (`NMT_MARIAN_SWEEP=DIR`); `--bench` writes only an OPUS-MT-shaped model, for the
+CTranslate2 comparison on the same weights (`python3 -m nmt_tools.ct2.compare --hf-dir`).
+Needs torch (the CPU wheel is enough), transformers,
 sentencepiece, protobuf and tokenizers; none of them is needed to run the tests.
 """
 
@@ -72,6 +74,10 @@ class Variant:
     normalization: str = "identity"
     max_positions: int = 256
     seed: int = 33
+    # The pad row of the shared embedding at zero, as in trained OPUS-MT models (padding_idx):
+    # CTranslate2's Marian conversion relies on it (its decoder starts from a zero embedding
+    # instead of pad's row), so the CTranslate2 comparison needs it; the fixtures draw it too.
+    zero_pad_embedding: bool = False
 
 
 COMMITTED = [Variant("tiny-swish")]
@@ -82,6 +88,21 @@ SWEEP = [
     Variant("sweep-wide", d_model=64, layers=3, heads=8, ffn=128, vocab_per_side=300, seed=37),
     Variant("sweep-nfkc", normalization="nmt_nfkc", seed=38),
 ]
+# OPUS-MT's shape (opus-mt-en-es: 6+6 layers, d_model 512, 8 heads, FFN 2048, swish), for the
+# speed of an imported model beside CTranslate2 on the same weights (`--bench`, with many more
+# SentencePiece lines than the fixtures: `--english data/corpus-l10n/train.en --spanish
+# data/corpus-l10n/train.es --train-lines 60000`); not a fixture.
+BENCH = Variant(
+    "bench-opus-shape",
+    d_model=512,
+    layers=6,
+    heads=8,
+    ffn=2048,
+    vocab_per_side=16000,
+    max_positions=512,
+    seed=40,
+    zero_pad_embedding=True,
+)
 
 # Inputs beyond the corpus lines: what tokenizers get wrong first.
 TRICKY = [
@@ -236,6 +257,9 @@ def random_model(variant: Variant, vocab_size: int, pad: int, out: Path) -> Mari
     torch.manual_seed(variant.seed)
     model = MarianMTModel(config)
     randomize(model, variant.seed)
+    if variant.zero_pad_embedding:
+        with torch.no_grad():
+            model.get_input_embeddings().weight[pad].zero_()
     model.generation_config = GenerationConfig(
         bad_words_ids=[[pad]],
         forced_eos_token_id=0,
@@ -361,6 +385,7 @@ def main() -> None:
     parser.add_argument("--train-lines", type=int, default=300, help="lines per side the SentencePiece models see")
     parser.add_argument("--inputs", type=int, default=100, help="corpus lines to translate, beside the tricky ones")
     parser.add_argument("--sweep", action="store_true", help="also the wider set of configurations")
+    parser.add_argument("--bench", action="store_true", help="only an OPUS-MT-shaped model, for speed")
     args = parser.parse_args()
     english_path, spanish_path = default_corpus()
     english_path = args.english or english_path
@@ -370,7 +395,7 @@ def main() -> None:
     training, held_out = english[: args.train_lines], english[args.train_lines :]
     inputs = (held_out or training)[: args.inputs] + TRICKY
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    variants = COMMITTED + (SWEEP if args.sweep else [])
+    variants = [BENCH] if args.bench else COMMITTED + (SWEEP if args.sweep else [])
     summary = [build(v, training, spanish, args.out / v.name, inputs) for v in variants]
     print(json.dumps({"corpus": [shown(english_path), shown(spanish_path)], "models": summary}, indent=1))
 
