@@ -420,9 +420,10 @@ pub struct LengthPlan {
     /// The prediction, when one was made.
     pub predicted: Option<f64>,
     /// Soft mode pulls EOS toward the target from both sides (`--length-pull`): a length
-    /// asked for. Otherwise the length encoding alone plans it and only a runaway far past it
-    /// is pulled to an end: a guess at the natural length, or a candidate length for a
-    /// character goal (which ends as a sentence more often unpulled).
+    /// asked for, or a prediction where the package sets `prediction_pull`. Otherwise the
+    /// length encoding alone plans it and only a runaway far past it is pulled to an end: a
+    /// guess at the natural length, or a candidate length for a character goal (which ends
+    /// as a sentence more often unpulled).
     pub pulled: bool,
     /// Subwords either side of the target within which a pulled row ends where the model
     /// likes: 1 for a length asked for, a share of a prediction (the manifest's
@@ -531,8 +532,10 @@ pub const RUNAWAY_PULL: f32 = 2.0;
 
 /// Soft mode's EOS rule ([`LengthPlan::pulled`]). A length someone asked for is pulled
 /// toward from both sides. A predicted length is a guess at the natural one, and pulling
-/// toward a guess costs quality, so only a runaway far past it is pulled to an end; so is a
-/// candidate length of a character goal, which the model is left to end as a sentence.
+/// toward a guess costs quality, so only a runaway far past it is pulled to an end (unless
+/// the package's `prediction_pull` says its model needs the pull, beyond a share of the
+/// guess); so is a candidate length of a character goal, which the model is left to end as
+/// a sentence.
 fn soft_rule(target: usize, pulled: bool, tolerance: usize, limits: &RequestLimits) -> EosRule {
     if pulled {
         if limits.length_pull > 0.0 {

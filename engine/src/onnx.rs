@@ -51,7 +51,27 @@ fn warn_of_saturating_int8(manifest: &Manifest, execution_provider: &str) {
 /// of 16, a source gets the same scores bit for bit whatever else shares its batch
 /// (docs/model-package.md, "Int8"); the decoder's caches already grow in steps of 16
 /// (`slots::time_room`).
-pub(crate) const SOURCE_GRANULE: usize = 16;
+const SOURCE_GRANULE: usize = 16;
+
+/// The encoder's inputs for `sources` (EOS appended), one row each: ids padded with `pad_id`
+/// to the longest rounded up to [`SOURCE_GRANULE`], the float mask, and that padded length.
+/// The encoder and a length head on it (`crate::predictor`) pad alike.
+pub(crate) fn padded_sources(sources: &[&[i64]], pad_id: i64) -> (usize, Vec<i64>, Vec<f32>) {
+    let len = sources
+        .iter()
+        .map(|s| s.len())
+        .max()
+        .unwrap_or(0)
+        .max(1)
+        .next_multiple_of(SOURCE_GRANULE);
+    let mut ids = vec![pad_id; sources.len() * len];
+    let mut mask = vec![0f32; sources.len() * len];
+    for (row, source) in sources.iter().enumerate() {
+        ids[row * len..row * len + source.len()].copy_from_slice(source);
+        mask[row * len..row * len + source.len()].fill(1.0);
+    }
+    (len, ids, mask)
+}
 
 static ENVIRONMENT: Mutex<Option<Environment>> = Mutex::new(None);
 
@@ -359,19 +379,7 @@ impl OrtBackend {
     /// Runs the encoder on `sources`, one row each.
     fn encode_distinct(&mut self, sources: &[&[i64]]) -> Result<OrtEncoded, BackendError> {
         let batch = sources.len();
-        let len = sources
-            .iter()
-            .map(|s| s.len())
-            .max()
-            .unwrap_or(0)
-            .max(1)
-            .next_multiple_of(SOURCE_GRANULE);
-        let mut ids = vec![self.pad_id; batch * len];
-        let mut mask = vec![0f32; batch * len];
-        for (row, source) in sources.iter().enumerate() {
-            ids[row * len..row * len + source.len()].copy_from_slice(source);
-            mask[row * len..row * len + source.len()].fill(1.0);
-        }
+        let (len, ids, mask) = padded_sources(sources, self.pad_id);
         let ids = Tensor::from_array(([batch, len], ids)).map_err(ort_error("source_ids"))?;
         let mask = Tensor::from_array(([batch, len], mask)).map_err(ort_error("source_mask"))?;
         let memory = self.encoder_memory(batch, ids, mask);

@@ -17,16 +17,16 @@ use tokenizers::Tokenizer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::memory;
-use crate::onnx::{session_builder, CpuMemory, SessionOptions, SOURCE_GRANULE};
+use crate::onnx::{padded_sources, session_builder, CpuMemory, SessionOptions};
 
 /// Most requests waiting for a neural predictor (a BERT, a head on the encoder) before more
 /// are refused (429): the queue comes before admission, so it must stay short next to a
 /// request's timeout (a quarter of a second of BERT predictions).
 pub const PREDICTOR_QUEUE_LIMIT: usize = 32;
 
-/// The same for a table lookup (lexical or subword table), whose turn costs a thread
-/// handoff and microseconds: 64 clients arriving at once filled a queue of 32 and were
-/// refused, though 1,024 turns take about a tenth of a second.
+/// The same for a table lookup (lexical or subword table), whose turn is a thread handoff
+/// and a lookup: 64 clients arriving at once filled a queue of 32, and 17 of their 461
+/// requests were refused.
 pub const LOOKUP_QUEUE_LIMIT: usize = 1024;
 
 pub struct LengthPredictor {
@@ -224,39 +224,36 @@ impl LengthPredictor {
     /// inputs as the encoder pads them): a length per row. Every tensor of the run is dropped
     /// when this returns.
     fn run(&self, rows: &[&[i64]]) -> anyhow::Result<Vec<f32>> {
-        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-        let (len, pad_id) = match self.reads {
-            PredictorInput::Text(_) => (longest, 0),
-            PredictorInput::EncoderIds { pad_id } => {
-                (longest.next_multiple_of(SOURCE_GRANULE), pad_id)
-            }
-        };
-        let mut ids = vec![pad_id; rows.len() * len];
-        let mut mask = vec![0i64; rows.len() * len];
-        for (row, row_ids) in rows.iter().enumerate() {
-            ids[row * len..row * len + row_ids.len()].copy_from_slice(row_ids);
-            mask[row * len..row * len + row_ids.len()].fill(1);
-        }
-        let shape = [rows.len(), len];
-        let ids = Tensor::from_array((shape, ids))?;
         let mut session = self
             .session
             .lock()
             .map_err(|_| anyhow!("the length predictor session is poisoned"))?;
-        // For the encoder's head only its output is asked for: the memory projections are
-        // left out of the run.
-        let only_lengths = RunOptions::new()?
-            .with_outputs(OutputSelector::no_default().with(names::PREDICTED_LENGTHS));
+        let only_lengths;
         let outputs = match self.reads {
-            PredictorInput::Text(_) => session.run(ort::inputs! {
-                names::PREDICTOR_INPUT_IDS => ids,
-                names::PREDICTOR_ATTENTION_MASK => Tensor::from_array((shape, mask))?,
-            }),
-            PredictorInput::EncoderIds { .. } => {
-                let mask: Vec<f32> = mask.into_iter().map(|m| m as f32).collect();
+            PredictorInput::Text(_) => {
+                let len = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+                let mut ids = vec![0i64; rows.len() * len];
+                let mut mask = vec![0i64; rows.len() * len];
+                for (row, row_ids) in rows.iter().enumerate() {
+                    ids[row * len..row * len + row_ids.len()].copy_from_slice(row_ids);
+                    mask[row * len..row * len + row_ids.len()].fill(1);
+                }
+                let shape = [rows.len(), len];
+                session.run(ort::inputs! {
+                    names::PREDICTOR_INPUT_IDS => Tensor::from_array((shape, ids))?,
+                    names::PREDICTOR_ATTENTION_MASK => Tensor::from_array((shape, mask))?,
+                })
+            }
+            PredictorInput::EncoderIds { pad_id } => {
+                let (len, ids, mask) = padded_sources(rows, pad_id);
+                let shape = [rows.len(), len];
+                // Only the head's output: for a head on the encoder, the memory projections
+                // are left out of the run.
+                only_lengths = RunOptions::new()?
+                    .with_outputs(OutputSelector::no_default().with(names::PREDICTED_LENGTHS));
                 session.run_with_options(
                     ort::inputs! {
-                        names::SOURCE_IDS => ids,
+                        names::SOURCE_IDS => Tensor::from_array((shape, ids))?,
                         names::SOURCE_MASK => Tensor::from_array((shape, mask))?,
                     },
                     &only_lengths,

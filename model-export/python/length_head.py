@@ -127,12 +127,12 @@ def summed_states(session: ort.InferenceSession, states: str, rows: list[list[in
     return out
 
 
-def fit(features: np.ndarray, targets: np.ndarray, ridge: float) -> np.ndarray:
-    """Least squares with an L2 penalty on the state weights only (not on b or c)."""
-    penalty = np.full(features.shape[1], ridge)
-    penalty[-2:] = 0.0
-    gram = features.T @ features + np.diag(penalty)
-    return np.linalg.solve(gram, features.T @ targets)
+def ridge_solve(gram: np.ndarray, moment: np.ndarray, ridge: float, unpenalized: int) -> np.ndarray:
+    """The ridge solution from `X^T X` and `X^T y`, the last `unpenalized` coefficients (the
+    biases) free of the L2 penalty."""
+    penalty = np.full(gram.shape[0], ridge)
+    penalty[-unpenalized:] = 0.0
+    return np.asarray(np.linalg.solve(gram + np.diag(penalty), moment))
 
 
 def add_head(model: onnx.ModelProto, states: str, coefficients: np.ndarray) -> None:
@@ -244,7 +244,9 @@ def states_head(
     probe.graph.output.append(helper.make_tensor_value_info(states, TensorProto.FLOAT, None))
     session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
     targets = np.asarray(train["targets"], np.float64)
-    coefficients = fit(summed_states(session, states, train["sources"]), targets, args.ridge)
+    features = summed_states(session, states, train["sources"])
+    # The state weights are penalized, not b or c.
+    coefficients = ridge_solve(features.T @ features, features.T @ targets, args.ridge, 2)
     add_head(model, states, coefficients)
 
     def reference(sources: list[list[int]]) -> np.ndarray:
@@ -266,9 +268,7 @@ def subwords_head(args: argparse.Namespace, train: dict[str, Any]) -> tuple[onnx
         raise SystemExit("--features subwords needs --vocab-size")
     targets = np.asarray(train["targets"], np.float64)
     gram, moment = subword_gram(train["sources"], targets, args.vocab_size)
-    penalty = np.full(args.vocab_size + 1, args.ridge)
-    penalty[-1] = 0.0
-    coefficients = np.linalg.solve(gram + np.diag(penalty), moment)
+    coefficients = ridge_solve(gram, moment, args.ridge, 1)
 
     def reference(sources: list[list[int]]) -> np.ndarray:
         return subword_predictions(sources, coefficients)

@@ -110,17 +110,12 @@ impl Default for LengthHeadArgs {
     }
 }
 
-/// What `python/length_head.py` is given: encoder inputs and target lengths.
+/// What `python/length_head.py` is given: encoder inputs and target lengths of the training
+/// pairs, and each evaluation split's encoder inputs.
 #[derive(Serialize)]
-struct Work {
-    train: TrainRows,
-    splits: BTreeMap<String, Vec<Vec<u32>>>,
-}
-
-#[derive(Serialize)]
-struct TrainRows {
-    sources: Vec<Vec<u32>>,
-    targets: Vec<u32>,
+struct Work<'a> {
+    train: &'a Tokenized,
+    splits: BTreeMap<&'a str, &'a [Vec<u32>]>,
 }
 
 #[derive(Deserialize)]
@@ -141,26 +136,49 @@ pub struct HeadEvaluation {
     pub mean_reference_length: f64,
 }
 
-/// A split's pairs as subword ids: sources with EOS (encoder inputs), targets without.
+/// A split's pairs as subword ids: sources with EOS (encoder inputs), target lengths.
+#[derive(Serialize)]
 struct Tokenized {
     sources: Vec<Vec<u32>>,
     targets: Vec<u32>,
 }
 
-fn tokenize(
-    tokenizer: &Tokenizer,
+/// The package's two tokenizers (one and the same file unless the manifest names a target
+/// tokenizer) and the EOS its encoder inputs end with.
+struct Tokenizers {
+    source: Tokenizer,
+    target: Tokenizer,
     eos: u32,
-    pairs: &[(String, String)],
-) -> anyhow::Result<Tokenized> {
-    let mut sources = Vec::with_capacity(pairs.len());
-    let mut targets = Vec::with_capacity(pairs.len());
-    for (en, es) in pairs {
-        let mut ids = nmt_train::tokenizer::encode_ids(tokenizer, en)?;
-        ids.push(eos);
-        sources.push(ids);
-        targets.push(nmt_train::tokenizer::encode_ids(tokenizer, es)?.len() as u32);
+}
+
+impl Tokenizers {
+    fn load(package: &Path, manifest: &Manifest) -> anyhow::Result<Self> {
+        let source = nmt_train::tokenizer::load(&package.join(files::TOKENIZER))?;
+        let target = match &manifest.target_tokenizer {
+            Some(file) => nmt_train::tokenizer::load(&package.join(file))?,
+            None => source.clone(),
+        };
+        Ok(Tokenizers {
+            source,
+            target,
+            eos: manifest.eos_id,
+        })
     }
-    Ok(Tokenized { sources, targets })
+
+    fn tokenize<'a>(
+        &self,
+        pairs: impl IntoIterator<Item = &'a (String, String)>,
+    ) -> anyhow::Result<Tokenized> {
+        let mut sources = Vec::new();
+        let mut targets = Vec::new();
+        for (en, es) in pairs {
+            let mut ids = nmt_train::tokenizer::encode_ids(&self.source, en)?;
+            ids.push(self.eos);
+            sources.push(ids);
+            targets.push(nmt_train::tokenizer::encode_ids(&self.target, es)?.len() as u32);
+        }
+        Ok(Tokenized { sources, targets })
+    }
 }
 
 fn split_pairs(corpus: &Path, split: &str) -> anyhow::Result<Option<Vec<(String, String)>>> {
@@ -208,33 +226,29 @@ pub fn export_length_head(
         package.display(),
         manifest.precision
     );
-    let tokenizer = nmt_train::tokenizer::load(&package.join(files::TOKENIZER))?;
-    let eos = manifest.eos_id;
+    let tokenizers = Tokenizers::load(package, &manifest)?;
 
     let all = nmt_train::corpus::read_parallel(&args.corpus, "train")?;
-    let (linear_fit, chars_per_target_subword) = nmt_train::length::fit_line(&all, &tokenizer)?;
+    let (linear_fit, chars_per_target_subword) =
+        nmt_train::length::fit_line(&all, &tokenizers.source)?;
     let mut order: Vec<usize> = (0..all.len()).collect();
     order.shuffle(&mut SmallRng::seed_from_u64(args.seed));
     if args.train_limit > 0 {
         order.truncate(args.train_limit);
     }
-    let drawn: Vec<(String, String)> = order.iter().map(|&i| all[i].clone()).collect();
-    let train = tokenize(&tokenizer, eos, &drawn)?;
+    let train = tokenizers.tokenize(order.iter().map(|&i| &all[i]))?;
     let mut splits = BTreeMap::new();
     for split in SPLITS {
         if let Some(pairs) = split_pairs(&args.corpus, split)? {
-            splits.insert(split.to_string(), tokenize(&tokenizer, eos, &pairs)?);
+            splits.insert(split, tokenizers.tokenize(&pairs)?);
         }
     }
 
     let work = Work {
-        train: TrainRows {
-            sources: train.sources,
-            targets: train.targets,
-        },
+        train: &train,
         splits: splits
             .iter()
-            .map(|(name, s)| (name.clone(), s.sources.clone()))
+            .map(|(&name, s)| (name, s.sources.as_slice()))
             .collect(),
     };
     let dir = tempfile::tempdir()?;
@@ -271,9 +285,9 @@ pub fn export_length_head(
     for (name, split) in &splits {
         let predicted = report
             .predictions
-            .get(name)
+            .get(*name)
             .with_context(|| format!("the script returned no predictions for {name}"))?;
-        evaluation.insert(name.clone(), evaluate(split, predicted, &linear_fit));
+        evaluation.insert(*name, evaluate(split, predicted, &linear_fit));
     }
     let target = package.join(graph);
     std::fs::copy(&written, &target).with_context(|| format!("writing {}", target.display()))?;
