@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ending::sentence_end;
 use crate::length::{LengthPlan, LengthSource};
 
 /// Relative tolerance of a character length asked for: IWSLT 2022's length compliance
@@ -286,6 +287,25 @@ impl CharGoal {
     }
 }
 
+/// Which of `candidates` (one text's rows, none with a goal to meet: an exact count's) to
+/// return: those that ended where the model would have ended them first, then those that
+/// say no phrase twice, then the model's best by mean log-probability per token.
+pub fn best_scored(candidates: &[Candidate]) -> usize {
+    let rank = |c: &Candidate| Rank {
+        ends_well: c.ended,
+        no_repeat: !repeats_a_phrase(&c.text),
+        merit: c.score,
+    };
+    let mut best: Option<(usize, Rank)> = None;
+    for (i, c) in candidates.iter().enumerate() {
+        let r = rank(c);
+        if best.as_ref().is_none_or(|(_, b)| r.beats(b)) {
+            best = Some((i, r));
+        }
+    }
+    best.map_or(0, |(i, _)| i)
+}
+
 /// Adds to `plans` a plan at `center` times each factor of `factors` subwords, pulled to it
 /// or left to the length encoding as the factor says, where no plan has that target and
 /// pull yet.
@@ -309,6 +329,7 @@ fn add_around(
                 predicted,
                 pulled,
                 tolerance: 1,
+                told: None,
             });
         }
     }
@@ -348,20 +369,15 @@ pub fn repeats_a_phrase(text: &str) -> bool {
         .any(|phrase| !seen.insert(phrase))
 }
 
-/// The sentence punctuation `text` ends with, closing quotes and brackets passed over.
-pub fn sentence_end(text: &str) -> Option<char> {
-    text.trim_end()
-        .trim_end_matches(['"', '\'', '»', '”', '’', ')', ']'])
-        .chars()
-        .next_back()
-        .filter(|c| matches!(c, '.' | '!' | '?' | '…' | ':' | ';'))
-}
-
 /// One text decoded at one length.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
     /// The target length it was decoded for, in subwords.
     pub target_length: Option<usize>,
+    /// What its length encoding was told, where not `target_length` (an exact count's
+    /// candidates: forced to the count, planned around it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_length: Option<usize>,
     pub text: String,
     /// Characters, spaces counted.
     pub characters: usize,
@@ -384,6 +400,7 @@ mod tests {
     fn candidate(text: &str, score: f64, complies: bool) -> Candidate {
         Candidate {
             target_length: None,
+            planned_length: None,
             text: text.into(),
             characters: text.chars().count(),
             output_tokens: 1,
@@ -432,6 +449,7 @@ mod tests {
             predicted: Some(10.2),
             pulled: false,
             tolerance: 1,
+            told: None,
         };
         let goal = CharGoal {
             about: Some(About::chars(40)),
@@ -511,6 +529,7 @@ mod tests {
             predicted: None,
             pulled: false,
             tolerance: 1,
+            told: None,
         };
         let tried = [plan(8), plan(10)];
         // 20 characters from 10 subwords: 2 a subword, so 40 want 20.
@@ -543,12 +562,5 @@ mod tests {
         let plain = candidate("y puso los vasos en la casa del tesoro.", -0.4, true);
         assert!(repeats_a_phrase(&padded.text) && !repeats_a_phrase(&plain.text));
         assert_eq!(goal.choose(&[padded, plain], Some('.'), false), 1);
-    }
-
-    #[test]
-    fn sentence_ends_pass_over_closing_quotes() {
-        assert_eq!(sentence_end("Dijo: «Ven.»"), Some('.'));
-        assert_eq!(sentence_end("¿Vienes?) "), Some('?'));
-        assert_eq!(sentence_end("y de"), None);
     }
 }

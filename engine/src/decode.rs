@@ -7,7 +7,8 @@
 //! not wait for the long one: it takes a free slot, or one past the end.
 
 use crate::backend::{Backend, BackendError};
-use crate::logits::{log_prob, repeated_ngram_ends, EosRule};
+use crate::ending::{Ending, EndingStep};
+use crate::logits::{argmax_among, log_prob, repeated_ngram_ends, EosRule};
 use crate::memory;
 
 /// The token ids the loop itself needs.
@@ -35,6 +36,9 @@ pub struct DecodeInput {
     /// candidates of one text decoded at several lengths. Off by default: it costs a pass
     /// over the vocabulary per row and step.
     pub score: bool,
+    /// Exact mode's sentence ending ([`Ending`]): the row ends on a closer like its
+    /// source's.
+    pub ending: Option<Ending>,
 }
 
 impl DecodeInput {
@@ -47,6 +51,7 @@ impl DecodeInput {
             target_length: None,
             no_repeat_ngram_size: 0,
             score: false,
+            ending: None,
         }
     }
 
@@ -72,6 +77,9 @@ pub struct DecodeOutput {
     /// The model's log-probability of `ids` and of the EOS that ended them (if one did),
     /// unbiased by any length rule; only for inputs that asked ([`DecodeInput::score`]).
     pub log_prob: Option<f64>,
+    /// The last token is a sentence closer the model ranked above every other token: an
+    /// exact row ([`Ending`]) that ended where the model would have ended it.
+    pub closed_freely: bool,
 }
 
 struct Sequence<T> {
@@ -83,6 +91,8 @@ struct Sequence<T> {
     target_length: i64,
     no_repeat_ngram_size: usize,
     log_prob: Option<f64>,
+    ending: Option<Ending>,
+    closed_freely: bool,
 }
 
 /// A slot of the backend's batch.
@@ -178,6 +188,8 @@ impl<B: Backend, T> RunningBatch<B, T> {
                     target_length: input.target_length.unwrap_or(0) as i64,
                     no_repeat_ngram_size: input.no_repeat_ngram_size,
                     log_prob: input.score.then_some(0.0),
+                    ending: input.ending,
+                    closed_freely: false,
                 });
                 if slot < self.rows.len() {
                     self.rows[slot] = row;
@@ -193,6 +205,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
                     ids: Vec::new(),
                     stop: StopReason::MaxLength,
                     log_prob: input.score.then_some(0.0),
+                    closed_freely: false,
                 };
                 (tag, output)
             })
@@ -239,10 +252,25 @@ impl<B: Backend, T> RunningBatch<B, T> {
         let mut finished = Vec::new();
         for (r, row) in self.rows.iter_mut().enumerate() {
             let Row::Live(sequence) = row else { continue };
-            let banned = repeated_ngram_ends(&sequence.ids, sequence.no_repeat_ngram_size);
-            let next = sequence
+            let produced = sequence.ids.len();
+            let mut banned = repeated_ngram_ends(&sequence.ids, sequence.no_repeat_ngram_size);
+            let step = sequence
+                .ending
+                .as_ref()
+                .map_or(EndingStep::Open, |e| e.at(produced));
+            if let EndingStep::Hold(closers) = step {
+                banned.extend_from_slice(closers);
+            }
+            let free = sequence
                 .eos
-                .choose(logits.row(r), special.eos, sequence.ids.len(), &banned);
+                .choose(logits.row(r), special.eos, produced, &banned);
+            let next = match step {
+                EndingStep::Close(closers) => {
+                    sequence.closed_freely = closers.contains(&free);
+                    argmax_among(logits.row(r), closers)
+                }
+                _ => free,
+            };
             if let Some(sum) = &mut sequence.log_prob {
                 *sum += f64::from(log_prob(logits.row(r), next));
             }
@@ -266,6 +294,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
                         ids: sequence.ids,
                         stop,
                         log_prob: sequence.log_prob,
+                        closed_freely: sequence.closed_freely,
                     },
                 ));
             }
@@ -471,6 +500,7 @@ mod tests {
                         ids: vec![9],
                         stop: StopReason::Eos,
                         log_prob: None,
+                        closed_freely: false,
                     }
                 ),
                 (
@@ -479,6 +509,7 @@ mod tests {
                         ids: vec![4, 5, 6, 7, 8],
                         stop: StopReason::Eos,
                         log_prob: None,
+                        closed_freely: false,
                     }
                 ),
             ]
@@ -583,6 +614,41 @@ mod tests {
         assert_eq!(&out[0].ids[..2], &[4, 5]);
         assert!(!out[0].ids.contains(&SPECIAL.eos));
         assert_eq!(out[0].stop, StopReason::MaxLength);
+    }
+
+    fn ending(tokens: &[u32], length: usize) -> Option<Ending> {
+        Some(Ending {
+            tokens: tokens.into(),
+            length,
+        })
+    }
+
+    #[test]
+    fn an_exact_row_ends_on_a_closer_and_holds_closers_back_before_it() {
+        let mut backend = CopyBackend {
+            follows_bans: true,
+            ..CopyBackend::default()
+        };
+        // The copy model would end on 7 at the count itself: its own ending.
+        let mut own = input(&[4, 5, 7], 3);
+        own.eos = EosRule::BanUntil(3);
+        own.ending = ending(&[7, 8], 3);
+        // It would say 7 early and then run on: 7 is held back, and the row is closed on a
+        // closer at its count whatever the model wanted there.
+        let mut early = input(&[4, 7, 5, 6, 9, 10], 5);
+        early.eos = EosRule::BanUntil(5);
+        early.ending = ending(&[7, 8], 5);
+        let out = greedy_decode(&mut backend, SPECIAL, &[own, early]).unwrap();
+        assert_eq!(out[0].ids, vec![4, 5, 7]);
+        assert!(out[0].closed_freely);
+        assert_eq!(out[1].ids.len(), 5);
+        assert!(
+            !out[1].ids[..4].iter().any(|t| [7, 8].contains(t)),
+            "{:?}",
+            out[1].ids
+        );
+        assert!([7, 8].contains(&out[1].ids[4]));
+        assert!(!out[1].closed_freely);
     }
 
     #[test]

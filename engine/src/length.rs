@@ -429,6 +429,11 @@ pub struct LengthPlan {
     /// likes: 1 for a length asked for, a share of a prediction (the manifest's
     /// `prediction_pull`).
     pub tolerance: usize,
+    /// What the length encoding is told, where it is not `target`: exact mode's candidates
+    /// for one count ([`crate::ending`]) are forced to `target` tokens, each planned for a
+    /// length around it, since the model's plan lands a few subwords either side of what it
+    /// is told.
+    pub told: Option<usize>,
 }
 
 impl LengthPlan {
@@ -438,6 +443,7 @@ impl LengthPlan {
         predicted: None,
         pulled: false,
         tolerance: 1,
+        told: None,
     };
 }
 
@@ -459,6 +465,7 @@ pub fn plan(
             predicted: None,
             pulled: true,
             tolerance: 1,
+            told: None,
         },
         (Some(TargetLength::Source), _) => LengthPlan {
             target: Some(clamp(source_tokens as f64)),
@@ -466,6 +473,7 @@ pub fn plan(
             predicted: None,
             pulled: true,
             tolerance: 1,
+            told: None,
         },
         (_, Some((p, source))) => LengthPlan {
             target: Some(clamp(p)),
@@ -477,6 +485,7 @@ pub fn plan(
             tolerance: length
                 .prediction_pull
                 .map_or(1, |share| ((share * p).round() as usize).max(1)),
+            told: None,
         },
         // A length-aware decoder always needs a length; without a prediction the source's
         // is the best guess it has.
@@ -486,6 +495,7 @@ pub fn plan(
             predicted: None,
             pulled: true,
             tolerance: 1,
+            told: None,
         },
         _ => LengthPlan::FREE,
     };
@@ -587,9 +597,10 @@ pub fn decode_input(
         source_ids,
         eos,
         max_output_tokens,
-        target_length: length_aware.then_some(n),
+        target_length: length_aware.then_some(plan.told.unwrap_or(n)),
         no_repeat_ngram_size: limits.no_repeat_ngram_size,
         score: false,
+        ending: None,
     }
 }
 
@@ -835,6 +846,7 @@ mod tests {
             predicted: None,
             pulled: true,
             tolerance: 1,
+            told: None,
         };
         let exact = decode_input(vec![5, 2], 1, &plan, LengthMode::Exact, true, &limits, 64);
         assert_eq!(

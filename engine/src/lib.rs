@@ -27,6 +27,7 @@ pub mod backend;
 pub mod char_length;
 pub mod contract;
 pub mod decode;
+pub mod ending;
 pub mod error;
 pub mod length;
 pub mod limits;

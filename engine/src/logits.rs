@@ -104,6 +104,21 @@ pub fn argmax_except(logits: ArrayView1<'_, f32>, banned: Option<u32>) -> u32 {
     argmax_excluding(logits, banned, &[])
 }
 
+/// The token of `allowed` (not empty) with the largest logit; the first on ties.
+pub fn argmax_among(logits: ArrayView1<'_, f32>, allowed: &[u32]) -> u32 {
+    allowed
+        .iter()
+        .copied()
+        .reduce(|best, id| {
+            if logits[id as usize] > logits[best as usize] {
+                id
+            } else {
+                best
+            }
+        })
+        .unwrap_or(0)
+}
+
 /// [`argmax_except`] that also passes over every token of `banned` (a short list, usually
 /// empty).
 fn argmax_excluding(logits: ArrayView1<'_, f32>, one: Option<u32>, banned: &[u32]) -> u32 {

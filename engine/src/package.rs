@@ -8,6 +8,8 @@ use model_package::placeholders::{self, Span};
 use model_package::{files, special, Manifest, ManifestError};
 use tokenizers::Tokenizer;
 
+use crate::ending::Closers;
+
 /// A package whose manifest and tokenizer have been read and checked.
 pub struct ModelPackage {
     pub dir: PathBuf,
@@ -151,6 +153,8 @@ pub struct TextCodec {
     control: std::sync::Arc<[u32]>,
     unk: Option<u32>,
     masks: bool,
+    /// The target vocabulary's sentence closers (exact mode's endings).
+    closers: std::sync::Arc<Closers>,
 }
 
 /// A text ready for the model, and what its translation needs back.
@@ -186,6 +190,7 @@ impl TextCodec {
             .all(|s| tokenizer.token_to_id(s).is_some());
         TextCodec {
             unk,
+            closers: std::sync::Arc::new(Closers::of(&tokenizer)),
             tokenizer: std::sync::Arc::new(tokenizer),
             target: None,
             control,
@@ -197,9 +202,15 @@ impl TextCodec {
     /// source tokenizer; `None` changes nothing.
     pub fn with_target(mut self, target: Option<Tokenizer>) -> Self {
         if let Some(target) = target {
+            self.closers = std::sync::Arc::new(Closers::of(&target));
             self.target = Some(std::sync::Arc::new(target));
         }
         self
+    }
+
+    /// The sentence closers of the vocabulary translations are written in.
+    pub fn closers(&self) -> &Closers {
+        &self.closers
     }
 
     /// Turns masking off (or on, where the tokenizer has the sentinels): to measure what it

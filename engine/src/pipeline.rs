@@ -10,8 +10,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::BackendError;
-use crate::char_length::{sentence_end, Candidate, CharGoal};
+use crate::char_length::{self, Candidate, CharGoal};
 use crate::decode::{DecodeInput, DecodeOutput, StopReason};
+use crate::ending::sentence_end;
 use crate::error::{EngineError, ValidationError};
 use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
 use crate::limits::{LimitSource, RequestLimits};
@@ -24,6 +25,14 @@ use crate::predictor::SourceText;
 /// BERT still runs batched); offline, the same chunks, so that both see the same batches and
 /// predict the same lengths.
 pub const PREDICTION_CHUNK: usize = 8;
+
+/// What an exact count's candidates tell the length encoding, in subwords from the count,
+/// most useful first (`--exact-plans` takes the first few). Told a little less than the
+/// count, the model plans to end near it, finds its sentence closers held back there
+/// ([`crate::ending::HOLD_WINDOW`]) and carries the sentence on to the count, where it
+/// closes it itself more often than when told the count. Chosen on the Bible dev books
+/// (docs/length-control.md, "Exact lengths that end well").
+pub const EXACT_PLAN_OFFSETS: [isize; 10] = [-1, -3, -5, 3, -4, 1, -2, 0, 2, -6];
 
 /// A predicted natural length and what predicted it.
 pub type Prediction = Option<(f64, LengthSource)>;
@@ -87,10 +96,10 @@ fn distinct_rows(
     if text.length.mode != LengthMode::Exact {
         return plans;
     }
-    let mut seen: std::collections::HashSet<_> = tried.iter().map(|p| p.target).collect();
+    let mut seen: std::collections::HashSet<_> = tried.iter().map(|p| (p.target, p.told)).collect();
     plans
         .into_iter()
-        .filter(|p| seen.insert(p.target))
+        .filter(|p| seen.insert((p.target, p.told)))
         .collect()
 }
 
@@ -375,13 +384,42 @@ impl Pipeline {
         self.plans_for(text, &text.plan)
     }
 
-    /// The rows the decode loop takes for `text` under `plans`, scored when the text has a
-    /// character goal.
+    /// Whether `text`'s rows under `plan` end as its source does: exact mode's do (unless
+    /// `--exact-plans` is 0); soft rows end where the model ends them.
+    fn ends_as_source(&self, text: &ValidText, plan: &LengthPlan) -> bool {
+        text.length.mode == LengthMode::Exact
+            && plan.target.is_some()
+            && self.limits.exact_plans > 0
+    }
+
+    /// An exact count that ends as its source does ([`crate::ending`]): rows forced to the
+    /// count, each telling the length encoding a length around it
+    /// ([`EXACT_PLAN_OFFSETS`]); the model's best is returned. Otherwise `plan` alone.
+    fn exact_candidates(&self, text: &ValidText, plan: &LengthPlan) -> Vec<LengthPlan> {
+        let ends = |n| self.codec.closers().ending_for(&text.text, n).is_some();
+        match plan.target {
+            Some(n) if self.ends_as_source(text, plan) && self.length.length_aware && ends(n) => {
+                EXACT_PLAN_OFFSETS
+                    .iter()
+                    .take(self.limits.exact_plans)
+                    .filter_map(|&offset| n.checked_add_signed(offset).filter(|&t| t >= 1))
+                    .map(|told| LengthPlan {
+                        told: (told != n).then_some(told),
+                        ..*plan
+                    })
+                    .collect()
+            }
+            _ => vec![*plan],
+        }
+    }
+
+    /// The rows the decode loop takes for `text` under `plans`, scored when there is more
+    /// than one to choose from (a character goal's, an exact count's).
     pub fn rows_of(&self, text: &ValidText, plans: &[LengthPlan]) -> Vec<DecodeInput> {
         plans
             .iter()
             .map(|p| DecodeInput {
-                score: text.goal.is_some(),
+                score: text.goal.is_some() || plans.len() > 1,
                 ..self.decode_input_for(text, p)
             })
             .collect()
@@ -395,7 +433,7 @@ impl Pipeline {
 
     fn plans_for(&self, text: &ValidText, plan: &LengthPlan) -> Vec<LengthPlan> {
         let Some(goal) = &text.goal else {
-            return vec![*plan];
+            return self.exact_candidates(text, plan);
         };
         let plans = goal.candidate_plans(plan, self.length.chars_per_subword, self.max_output());
         distinct_rows(text, plans, &[])
@@ -403,17 +441,27 @@ impl Pipeline {
 
     /// What the decode loop takes for `text` under `plan`.
     fn decode_input_for(&self, text: &ValidText, plan: &LengthPlan) -> DecodeInput {
+        let input = length::decode_input(
+            text.source_ids.clone(),
+            text.source_tokens,
+            plan,
+            text.length.mode,
+            self.length.length_aware,
+            &self.limits,
+            self.max_output(),
+        );
+        let ending = self
+            .ends_as_source(text, plan)
+            .then(|| {
+                self.codec
+                    .closers()
+                    .ending_for(&text.text, input.max_output_tokens)
+            })
+            .flatten();
         DecodeInput {
             no_repeat_ngram_size: text.no_repeat_ngram_size,
-            ..length::decode_input(
-                text.source_ids.clone(),
-                text.source_tokens,
-                plan,
-                text.length.mode,
-                self.length.length_aware,
-                &self.limits,
-                self.max_output(),
-            )
+            ending,
+            ..input
         }
     }
 
@@ -428,7 +476,7 @@ impl Pipeline {
         let Some(goal) = &text.goal else {
             return Ok(Vec::new());
         };
-        let (_, candidates) = self.candidates(index, text, goal, attempts)?;
+        let (_, candidates) = self.candidates(index, text, Some(goal), attempts)?;
         let plans = goal.second_round(&attempts.plans, &candidates, self.max_output());
         Ok(distinct_rows(text, plans, &attempts.plans))
     }
@@ -442,18 +490,21 @@ impl Pipeline {
         text: &ValidText,
         attempts: &Attempts,
     ) -> Result<Translation, EngineError> {
-        let Some(goal) = &text.goal else {
-            let [plan] = attempts.plans.as_slice() else {
-                return Err(attempts.mismatch(index));
-            };
+        if let (None, [plan]) = (&text.goal, attempts.plans.as_slice()) {
             return self.translation(index, text, plan, &attempts.outputs[0]);
-        };
+        }
+        let goal = text.goal.as_ref();
         let (mut translations, mut candidates) = self.candidates(index, text, goal, attempts)?;
-        let exact = text.length.mode == LengthMode::Exact;
-        let chosen = goal.choose(&candidates, sentence_end(&text.text), exact);
+        let chosen = match goal {
+            Some(goal) => {
+                let exact = text.length.mode == LengthMode::Exact;
+                goal.choose(&candidates, sentence_end(&text.text), exact)
+            }
+            None => char_length::best_scored(&candidates),
+        };
         candidates[chosen].chosen = true;
         let mut translation = translations.swap_remove(chosen);
-        if let Some(max_chars) = goal.at_most {
+        if let Some(max_chars) = goal.and_then(|g| g.at_most) {
             self.cut(index, &mut translation, max_chars)?;
         }
         translation.candidates = candidates;
@@ -465,7 +516,7 @@ impl Pipeline {
         &self,
         index: usize,
         text: &ValidText,
-        goal: &CharGoal,
+        goal: Option<&CharGoal>,
         attempts: &Attempts,
     ) -> Result<(Vec<Translation>, Vec<Candidate>), EngineError> {
         if attempts.plans.len() != attempts.outputs.len() || attempts.plans.is_empty() {
@@ -480,16 +531,22 @@ impl Pipeline {
         let candidates = translations
             .iter()
             .zip(&attempts.outputs)
-            .map(|(t, output)| {
-                // Exact mode ends every row at its length, which is its planned end.
-                let ended = t.outcome == Outcome::Eos || text.length.mode == LengthMode::Exact;
+            .zip(&attempts.plans)
+            .map(|((t, output), plan)| {
+                // Exact mode ends a character goal's rows at their lengths, their planned
+                // ends; an exact count's rows end where the model would have ended them only
+                // when it chose the closer itself.
+                let ended = t.outcome == Outcome::Eos
+                    || (text.length.mode == LengthMode::Exact
+                        && (goal.is_some() || output.closed_freely));
                 Candidate {
                     target_length: t.target_length,
+                    planned_length: plan.told,
                     characters: t.text.chars().count(),
                     output_tokens: t.output_tokens,
                     score: output.log_prob.unwrap_or(f64::NEG_INFINITY)
                         / (t.output_tokens + usize::from(ended)).max(1) as f64,
-                    complies: goal.complies(&t.text),
+                    complies: goal.is_none_or(|g| g.complies(&t.text)),
                     ended,
                     chosen: false,
                     text: t.text.clone(),
@@ -554,6 +611,7 @@ impl Pipeline {
 mod tests {
     use super::*;
     use crate::length::TargetLength;
+    use crate::logits::EosRule;
     use crate::testing::{self, SPECIAL};
 
     fn pipeline(limits: RequestLimits) -> Pipeline {
@@ -693,6 +751,7 @@ mod tests {
             ids,
             stop,
             log_prob: Some(-1.0),
+            closed_freely: false,
         };
         let outputs = [
             output(vec![24, 25, 26, 27], StopReason::MaxLength),
@@ -717,5 +776,60 @@ mod tests {
         assert_eq!(translation.candidates[1].text, "one two three");
         assert_eq!(translation.candidates[1].score, -0.25);
         assert!(translation.truncated);
+    }
+
+    #[test]
+    fn an_exact_count_is_planned_around_and_the_model_s_own_ending_wins() {
+        let p = Pipeline {
+            codec: TextCodec::new(testing::shipped_tokenizer()),
+            length: LengthModel::without_prediction(true),
+            max_source_tokens: None,
+            ..pipeline(RequestLimits::default())
+        };
+        let ask = LengthRequest {
+            target: Some(TargetLength::Tokens(6)),
+            mode: LengthMode::Exact,
+            max_chars: None,
+            target_chars: None,
+        };
+        let mut texts = p
+            .validate(vec!["It ends here.".into(), "no ending".into()], ask, None)
+            .unwrap();
+        p.plan_blocking(&mut texts).unwrap();
+        let plans = p.first_plans(&texts[0]);
+        let rows = p.rows_of(&texts[0], &plans);
+        assert_eq!(rows.len(), RequestLimits::default().exact_plans);
+        assert!(rows.iter().all(|r| r.max_output_tokens == 6
+            && r.eos == EosRule::BanUntil(6)
+            && r.score
+            && r.ending.as_ref().is_some_and(|e| e.length == 6)));
+        let told: Vec<_> = rows.iter().map(|r| r.target_length.unwrap()).collect();
+        let expected: Vec<_> = EXACT_PLAN_OFFSETS
+            .iter()
+            .map(|&o| 6usize.checked_add_signed(o).unwrap())
+            .collect();
+        assert_eq!(told, expected);
+        // Without sentence punctuation to end on, one row, as before.
+        let plain = p.rows_of(&texts[1], &p.first_plans(&texts[1]));
+        assert_eq!(plain.len(), 1);
+        assert_eq!(plain[0].ending, None);
+
+        let ids = p.codec.encode("Y así termina aquí.").unwrap();
+        let output = |log_prob, closed_freely| DecodeOutput {
+            ids: ids.clone(),
+            stop: StopReason::MaxLength,
+            log_prob: Some(log_prob),
+            closed_freely,
+        };
+        // The likeliest row was made to close; the one the model closed itself wins.
+        let mut outputs = vec![output(-1.0, false); plans.len()];
+        outputs[2] = output(-9.0, true);
+        let attempts = Attempts { plans, outputs };
+        let translation = p.finish(0, &texts[0], &attempts).unwrap();
+        let chosen: Vec<_> = translation.candidates.iter().map(|c| c.chosen).collect();
+        assert!(chosen[2] && chosen.iter().filter(|&&c| c).count() == 1);
+        assert_eq!(translation.candidates[2].planned_length, Some(expected[2]));
+        assert_eq!(translation.candidates[0].planned_length, None);
+        assert!(translation.candidates.iter().all(|c| c.complies));
     }
 }

@@ -671,8 +671,14 @@ fn length_ask(args: &Args) -> Option<String> {
         return None;
     }
     let mode = match args.length_mode {
-        LengthMode::Soft => "soft",
-        LengthMode::Exact => "exact",
+        LengthMode::Soft => "soft".to_string(),
+        LengthMode::Exact => match args.decoding.exact_plans {
+            0 => "exact (no closer: `--exact-plans 0`)".to_string(),
+            n => format!(
+                "exact (a text that ends in sentence punctuation ended on it, in {n} rows \
+                 planned around its count: `--exact-plans`)"
+            ),
+        },
     };
     fields.push(format!("`length_mode` {mode}"));
     Some(fields.join(", "))

@@ -628,6 +628,7 @@ fn harness() -> &'static Harness {
             length_pull: nmt_engine::length::DEFAULT_LENGTH_PULL,
             runaway_ratio: nmt_engine::length::DEFAULT_RUNAWAY_RATIO,
             no_repeat_ngram_size: 0,
+            exact_plans: nmt_engine::limits::DEFAULT_EXACT_PLANS,
             request_timeout: Duration::from_secs(60),
         };
         let scheduler = SchedulerConfig {

@@ -29,6 +29,7 @@ fn limits() -> RequestLimits {
         length_pull: nmt_engine::length::DEFAULT_LENGTH_PULL,
         runaway_ratio: nmt_engine::length::DEFAULT_RUNAWAY_RATIO,
         no_repeat_ngram_size: 0,
+        exact_plans: nmt_engine::limits::DEFAULT_EXACT_PLANS,
         request_timeout: Duration::from_secs(10),
     }
 }
@@ -825,6 +826,7 @@ async fn every_json_answer_has_exactly_the_documented_fields_and_the_required_on
     let candidate = full.length_candidates.clone().unwrap().remove(0);
     let bare_candidate = LengthCandidate {
         target_length: None,
+        planned_length: None,
         ..candidate.clone()
     };
     check("LengthCandidate", &json(&candidate), &json(&bare_candidate));
@@ -956,6 +958,7 @@ fn every_field_set() -> Translation {
         sentences: Some(2),
         length_candidates: Some(vec![LengthCandidate {
             target_length: Some(1),
+            planned_length: Some(2),
             text: "hola".into(),
             characters: 4,
             output_tokens: 1,

@@ -13,7 +13,7 @@ import pytest
 import study_fixture as fx
 from conftest import TESTS
 
-from nmt_tools.studies import char_length, length_generalization, length_study, position_study
+from nmt_tools.studies import char_length, exact_endings, length_generalization, length_study, position_study
 from nmt_tools.studies.template import Template
 
 GOLDEN = TESTS / "golden"
@@ -146,3 +146,33 @@ def write_char_run(folder: Path, texts: list[str], cut: bool, candidates: bool =
             ]
         translations.append(t)
     (folder / "p" / "decoded.json").write_text(json.dumps({"decoded": {"translations": translations}}))
+
+
+def test_exact_endings_section_counts_endings_and_keeps_the_characters_section(tmp_path: Path) -> None:
+    sources = ["In the beginning God created the heaven.", "Who is he?"]
+    references = ["En el principio creó Dios los cielos.", "¿Quién es él?"]
+    write_char_run(tmp_path / "plans0", ["En el principio creó Dios. Y el", "¿Quién es él?"], False, candidates=False)
+    write_char_run(tmp_path / "plans4", ["En el principio creó Dios los cielos.", "¿Quién es él."], False)
+    decoded = tmp_path / "plans4" / "p" / "decoded.json"
+    runs = json.loads(decoded.read_text())
+    for t in runs["decoded"]["translations"]:
+        t["output_tokens"] = 7
+        for c in t["candidates"]:
+            c["ended"] = c["chosen"]
+            c["planned_length"] = 20
+    plain = tmp_path / "plans0" / "p" / "decoded.json"
+    plain.write_text(plain.read_text().replace('"truncated"', '"output_tokens": 7, "truncated"'))
+    decoded.write_text(json.dumps(runs))
+    page = tmp_path / "length-control.md"
+    page.write_text(f"# Length control\n\n{char_length.BEGIN}\nchars\n{char_length.END}\n")
+    for _ in range(2):
+        text = exact_endings.section(tmp_path, sources, references, "models/p")
+        char_length.update(page, text, exact_endings.BEGIN, exact_endings.END)
+    text = page.read_text()
+    assert text.count(exact_endings.BEGIN) == 1 and "chars\n" in text
+    before = next(line for line in text.splitlines() if line.startswith("| `--exact-plans 0`"))
+    assert "| 50.0% | 50.0% | – | 1.0 |" in before
+    default = next(line for line in text.splitlines() if line.startswith("| `--exact-plans 4`"))
+    # Both end in . ! ?, one as its source does ("?" against "."); both chosen rows closed.
+    assert "| 100.0% | 50.0% | 100.0% | 2.0 |" in default
+    assert "told: 20 closed*, 20" in text

@@ -708,6 +708,7 @@ mod tests {
             max_length_offset: 10,
             length_pull: nmt_engine::length::DEFAULT_LENGTH_PULL,
             runaway_ratio: nmt_engine::length::DEFAULT_RUNAWAY_RATIO,
+            exact_plans: nmt_engine::limits::DEFAULT_EXACT_PLANS,
             no_repeat_ngram_size: nmt_engine::logits::DEFAULT_NO_REPEAT_NGRAM_SIZE,
             request_timeout: Duration::from_secs(30),
         }

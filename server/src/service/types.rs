@@ -63,20 +63,26 @@ pub struct Translation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub sentences: Option<usize>,
-    /// With `target_chars` or `max_chars`: every length the text was decoded at, the one
-    /// returned marked `chosen`; absent otherwise (and with `split_sentences`).
+    /// With `target_chars` or `max_chars`, or an exact `target_length` for a text that ends
+    /// in sentence punctuation: every length the text was decoded at, the one returned
+    /// marked `chosen`; absent otherwise (and with `split_sentences`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub length_candidates: Option<Vec<LengthCandidate>>,
 }
 
-/// One length a text was decoded at for a character goal.
+/// One length a text was decoded at for a character goal or an exact count.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct LengthCandidate {
     /// The target length it was decoded for, in subword tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub target_length: Option<usize>,
+    /// What the length encoding was told, where not `target_length`: the candidates of an
+    /// exact count are forced to it and planned for lengths around it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub planned_length: Option<usize>,
     /// The candidate translation, before any `max_chars` cut.
     pub text: String,
     /// Its characters, spaces counted.
@@ -87,7 +93,8 @@ pub struct LengthCandidate {
     pub score: f64,
     /// It meets the request's character goal.
     pub complies: bool,
-    /// The model ended it (not its token budget).
+    /// The model ended it (not its token budget); in exact mode, it chose the closing
+    /// punctuation at the count itself.
     pub ended: bool,
     /// It is the translation returned.
     pub chosen: bool,
@@ -97,6 +104,7 @@ impl From<nmt_engine::char_length::Candidate> for LengthCandidate {
     fn from(c: nmt_engine::char_length::Candidate) -> Self {
         LengthCandidate {
             target_length: c.target_length,
+            planned_length: c.planned_length,
             text: c.text,
             characters: c.characters,
             output_tokens: c.output_tokens,

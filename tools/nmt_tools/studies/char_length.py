@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,20 +146,24 @@ def section(out: Path, sources: list[str], references: list[str], package: str) 
     return "\n".join(lines) + "\n"
 
 
-def update(page: Path, text: str) -> None:
-    """Puts `text` between the page's markers, or at its end when it has none."""
+def update(page: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Puts `text` between the page's markers `begin` and `end`, or at its end when it has none."""
     old = page.read_text() if page.exists() else ""
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         page.write_text(head + text + tail)
     else:
         page.write_text(old.rstrip("\n") + "\n\n" + text if old else text)
 
 
-def main(argv: list[str] | None = None) -> int:
+Section = Callable[[Path, list[str], list[str], str], str]
+
+
+def collate_main(argv: list[str] | None, module: str, doc: str | None, section: Section, begin: str, end: str) -> int:
+    """The command line of a study that collates nmt-eval reports into a page's section."""
     p = argparse.ArgumentParser(
-        prog=f"python3 -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=f"python3 -m {module}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("out", type=Path, help="the folder of the study's nmt-eval reports")
     p.add_argument("sources", type=Path, help="the English side of the set (test.en)")
@@ -168,9 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sources = args.sources.read_text().split("\n")
     references = (args.references or args.sources.with_suffix(".es")).read_text().split("\n")
-    update(args.page, section(args.out, sources, references, args.package))
-    print(f"{MODULE}: updated {args.page}", file=sys.stderr)
+    update(args.page, section(args.out, sources, references, args.package), begin, end)
+    print(f"{module}: updated {args.page}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return collate_main(argv, MODULE, __doc__, section, BEGIN, END)
 
 
 if __name__ == "__main__":

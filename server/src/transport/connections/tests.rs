@@ -34,6 +34,7 @@ fn infer(step_delay: Duration) -> Infer {
         max_length_offset: 10,
         length_pull: nmt_engine::length::DEFAULT_LENGTH_PULL,
         runaway_ratio: nmt_engine::length::DEFAULT_RUNAWAY_RATIO,
+        exact_plans: nmt_engine::limits::DEFAULT_EXACT_PLANS,
         no_repeat_ngram_size: 0,
         request_timeout: LONG,
     };

@@ -89,6 +89,7 @@ pub fn to_proto(response: TranslateResponse) -> proto::TranslateResponse {
                     .into_iter()
                     .map(|c| proto::LengthCandidate {
                         target_length: c.target_length.map(count),
+                        planned_length: c.planned_length.map(count),
                         text: c.text,
                         characters: count(c.characters),
                         output_tokens: count(c.output_tokens),
@@ -183,6 +184,7 @@ mod tests {
     fn candidates_convert() {
         let candidate = crate::service::LengthCandidate {
             target_length: Some(9),
+            planned_length: Some(11),
             text: "hola".into(),
             characters: 4,
             output_tokens: 2,
