@@ -257,7 +257,7 @@ impl<B: Backend, T> RunningBatch<B, T> {
             let step = sequence
                 .ending
                 .as_ref()
-                .map_or(EndingStep::Open, |e| e.at(produced));
+                .map_or(EndingStep::Open, |e| e.at(&sequence.ids));
             if let EndingStep::Hold(closers) = step {
                 banned.extend_from_slice(closers);
             }
@@ -269,7 +269,12 @@ impl<B: Backend, T> RunningBatch<B, T> {
                     sequence.closed_freely = closers.contains(&free);
                     argmax_among(logits.row(r), closers)
                 }
-                _ => free,
+                EndingStep::Steer(closers) => {
+                    sequence
+                        .eos
+                        .steer(logits.row(r), special.eos, produced, closers, &banned)
+                }
+                EndingStep::Hold(_) | EndingStep::Open => free,
             };
             if let Some(sum) = &mut sequence.log_prob {
                 *sum += f64::from(log_prob(logits.row(r), next));
@@ -617,7 +622,7 @@ mod tests {
     }
 
     fn ending(tokens: &[u32], length: usize) -> Option<Ending> {
-        Some(Ending {
+        Some(Ending::AtCount {
             tokens: tokens.into(),
             length,
         })
@@ -649,6 +654,33 @@ mod tests {
         );
         assert!([7, 8].contains(&out[1].ids[4]));
         assert!(!out[1].closed_freely);
+    }
+
+    #[test]
+    fn a_gated_row_ends_only_after_a_closer_where_its_pull_would_end_it() {
+        let mut backend = CopyBackend {
+            follows_bans: true,
+            ..CopyBackend::default()
+        };
+        let mut row = input(&[4, 5, 6], 10);
+        row.eos = EosRule::Pull {
+            target: 3,
+            tolerance: 0,
+            per_token: 20.0,
+        };
+        let free = greedy_decode(&mut backend, SPECIAL, &[row.clone()]).unwrap();
+        assert_eq!(
+            (free[0].ids.clone(), free[0].stop),
+            (vec![4, 5, 6], StopReason::Eos)
+        );
+        // The copy model's EOS after 6 is passed over (no closer yet); one past the target
+        // the pull goes to the closer, and after it EOS ends the row.
+        row.ending = Some(Ending::AfterCloser {
+            tokens: vec![7].into(),
+        });
+        let gated = greedy_decode(&mut backend, SPECIAL, &[row]).unwrap();
+        assert_eq!(gated[0].ids, vec![4, 5, 6, 0, 7]);
+        assert_eq!(gated[0].stop, StopReason::Eos);
     }
 
     #[test]

@@ -75,20 +75,36 @@ impl Closers {
         if length < 2 {
             return None;
         }
-        let tokens = self.by_end.get(&sentence_end(source)?)?;
-        Some(Ending {
-            tokens: tokens.clone(),
+        Some(Ending::AtCount {
+            tokens: self.closers_for(source)?,
             length,
         })
     }
+
+    /// The ending a soft row under a character cap gets when its source is `source`: none
+    /// when the source does not end in sentence punctuation or the vocabulary has no closer
+    /// for it.
+    pub fn gate_for(&self, source: &str) -> Option<Ending> {
+        Some(Ending::AfterCloser {
+            tokens: self.closers_for(source)?,
+        })
+    }
+
+    fn closers_for(&self, source: &str) -> Option<Arc<[u32]>> {
+        self.by_end.get(&sentence_end(source)?).cloned()
+    }
 }
 
-/// Exact mode's ending for one row: its `length`-th token is one of `tokens`, and none of
-/// them comes in the [`HOLD_WINDOW`] tokens before it.
+/// How one row is made to end as its source does.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Ending {
-    pub tokens: Arc<[u32]>,
-    pub length: usize,
+pub enum Ending {
+    /// Exact mode: the `length`-th token is one of `tokens`, and none of them comes in the
+    /// [`HOLD_WINDOW`] tokens before it.
+    AtCount { tokens: Arc<[u32]>, length: usize },
+    /// A soft row under a character cap (a subtitle should read as a sentence): EOS only
+    /// right after one of `tokens`; before one, the length rule's pull on EOS goes to them
+    /// instead, so that where the rule would stop the row mid-clause it closes the sentence.
+    AfterCloser { tokens: Arc<[u32]> },
 }
 
 /// What an [`Ending`] does to a row's next token.
@@ -100,18 +116,29 @@ pub enum EndingStep<'a> {
     Hold(&'a [u32]),
     /// One of these: the last token.
     Close(&'a [u32]),
+    /// Not EOS: the sentence is not closed yet; the pull on EOS goes to these.
+    Steer(&'a [u32]),
 }
 
 impl Ending {
-    /// The rule for the token after `produced` tokens.
-    pub fn at(&self, produced: usize) -> EndingStep<'_> {
-        let last = self.length.saturating_sub(1);
-        if produced >= last {
-            EndingStep::Close(&self.tokens)
-        } else if produced + HOLD_WINDOW >= last {
-            EndingStep::Hold(&self.tokens)
-        } else {
-            EndingStep::Open
+    /// The rule for the token after `ids`.
+    pub fn at(&self, ids: &[u32]) -> EndingStep<'_> {
+        match self {
+            Ending::AtCount { tokens, length } => {
+                let last = length.saturating_sub(1);
+                let produced = ids.len();
+                if produced >= last {
+                    EndingStep::Close(tokens)
+                } else if produced + HOLD_WINDOW >= last {
+                    EndingStep::Hold(tokens)
+                } else {
+                    EndingStep::Open
+                }
+            }
+            Ending::AfterCloser { tokens } => match ids.last() {
+                Some(last) if tokens.contains(last) => EndingStep::Open,
+                _ => EndingStep::Steer(tokens),
+            },
         }
     }
 }
@@ -133,10 +160,10 @@ mod tests {
     fn closers_are_punctuation_pieces_that_end_as_asked() {
         let tokenizer = testing::shipped_tokenizer();
         let closers = Closers::of(&tokenizer);
-        let period = closers
-            .ending_for("It ends.", 5)
-            .expect("the test vocabulary has '.'");
-        for &id in period.tokens.iter() {
+        let Some(Ending::AtCount { tokens, .. }) = closers.ending_for("It ends.", 5) else {
+            panic!("the shipped vocabulary has '.'");
+        };
+        for &id in tokens.iter() {
             let piece = tokenizer.id_to_token(id).unwrap();
             assert_eq!(sentence_end(&piece), Some('.'), "{piece}");
             assert!(!piece.chars().any(char::is_alphanumeric), "{piece}");
@@ -147,14 +174,26 @@ mod tests {
 
     #[test]
     fn an_ending_holds_closers_back_then_closes() {
-        let ending = Ending {
+        let ending = Ending::AtCount {
             tokens: vec![7, 9].into(),
             length: 10,
         };
-        assert_eq!(ending.at(0), EndingStep::Open);
-        assert_eq!(ending.at(9 - HOLD_WINDOW - 1), EndingStep::Open);
-        assert_eq!(ending.at(9 - HOLD_WINDOW), EndingStep::Hold(&[7, 9]));
-        assert_eq!(ending.at(8), EndingStep::Hold(&[7, 9]));
-        assert_eq!(ending.at(9), EndingStep::Close(&[7, 9]));
+        let at = |produced: usize| ending.at(&vec![5; produced]);
+        assert_eq!(at(0), EndingStep::Open);
+        assert_eq!(at(9 - HOLD_WINDOW - 1), EndingStep::Open);
+        assert_eq!(at(9 - HOLD_WINDOW), EndingStep::Hold(&[7, 9]));
+        assert_eq!(at(8), EndingStep::Hold(&[7, 9]));
+        assert_eq!(at(9), EndingStep::Close(&[7, 9]));
+    }
+
+    #[test]
+    fn a_gated_row_may_end_only_after_a_closer() {
+        let gate = Ending::AfterCloser {
+            tokens: vec![7, 9].into(),
+        };
+        assert_eq!(gate.at(&[]), EndingStep::Steer(&[7, 9]));
+        assert_eq!(gate.at(&[4, 5]), EndingStep::Steer(&[7, 9]));
+        assert_eq!(gate.at(&[4, 9]), EndingStep::Open);
+        assert_eq!(gate.at(&[4, 9, 5]), EndingStep::Steer(&[7, 9]));
     }
 }

@@ -40,11 +40,21 @@ impl EosRule {
         produced: usize,
         banned: &[u32],
     ) -> u32 {
-        match *self {
-            EosRule::Free => argmax_excluding(logits, None, banned),
-            EosRule::BanUntil(min) => {
-                argmax_excluding(logits, (produced < min).then_some(eos), banned)
+        match (self, self.bias(produced)) {
+            (_, None) => argmax_excluding(logits, Some(eos), banned),
+            (EosRule::Free | EosRule::BanUntil(_), Some(_)) => {
+                argmax_excluding(logits, None, banned)
             }
+            (_, Some(bias)) => argmax_with_bias(logits, eos, bias, banned),
+        }
+    }
+
+    /// What the rule adds to the EOS logit after `produced` tokens; `None` where EOS is
+    /// banned.
+    fn bias(&self, produced: usize) -> Option<f32> {
+        match *self {
+            EosRule::Free => Some(0.0),
+            EosRule::BanUntil(min) => (produced >= min).then_some(0.0),
             EosRule::Pull {
                 target,
                 tolerance,
@@ -52,14 +62,40 @@ impl EosRule {
             } => {
                 let short = target.saturating_sub(tolerance).saturating_sub(produced);
                 let over = produced.saturating_sub(target + tolerance);
-                let bias = per_token * (over as f32 - short as f32);
-                argmax_with_bias(logits, eos, bias, banned)
+                Some(per_token * (over as f32 - short as f32))
             }
             EosRule::PullAfter { after, per_token } => {
-                let over = produced.saturating_sub(after);
-                argmax_with_bias(logits, eos, per_token * over as f32, banned)
+                Some(per_token * produced.saturating_sub(after) as f32)
             }
         }
+    }
+
+    /// The next token of a row that may not end yet, only close its sentence
+    /// ([`crate::ending::Ending::AfterCloser`]): never EOS, and the rule's bias on EOS goes
+    /// to `closers` instead, so that where the rule would end the row it ends the sentence.
+    pub fn steer(
+        &self,
+        logits: ArrayView1<'_, f32>,
+        eos: u32,
+        produced: usize,
+        closers: &[u32],
+        banned: &[u32],
+    ) -> u32 {
+        let bias = self.bias(produced).unwrap_or(0.0);
+        let mut best = 0usize;
+        let mut best_value = f32::NEG_INFINITY;
+        for (i, &v) in logits.iter().enumerate() {
+            let id = i as u32;
+            if id == eos || banned.contains(&id) {
+                continue;
+            }
+            let v = if closers.contains(&id) { v + bias } else { v };
+            if v > best_value {
+                best = i;
+                best_value = v;
+            }
+        }
+        best as u32
     }
 }
 
@@ -156,6 +192,25 @@ mod tests {
     use ndarray::array;
 
     const EOS: u32 = 2;
+
+    #[test]
+    fn steering_gives_the_pull_to_the_closers_and_never_ends() {
+        let pull = EosRule::Pull {
+            target: 3,
+            tolerance: 0,
+            per_token: 2.0,
+        };
+        // EOS (2) leads, then a word (0), then a closer (3).
+        let logits = array![1.0f32, 0.0, 5.0, 0.5];
+        // At the target: no bias; the word beats the closer, EOS is passed over.
+        assert_eq!(pull.steer(logits.view(), EOS, 3, &[3], &[]), 0);
+        // Two past it: +4 on the closer.
+        assert_eq!(pull.steer(logits.view(), EOS, 5, &[3], &[]), 3);
+        // Short of it, the closer is held down as EOS would be.
+        let logits = array![0.0f32, 0.0, 5.0, 1.0];
+        assert_eq!(pull.steer(logits.view(), EOS, 1, &[3], &[]), 0);
+        assert_eq!(EosRule::Free.steer(logits.view(), EOS, 1, &[3], &[]), 3);
+    }
 
     #[test]
     fn log_prob_is_the_log_softmax() {

@@ -450,14 +450,18 @@ impl Pipeline {
             &self.limits,
             self.max_output(),
         );
-        let ending = self
-            .ends_as_source(text, plan)
-            .then(|| {
-                self.codec
-                    .closers()
-                    .ending_for(&text.text, input.max_output_tokens)
-            })
-            .flatten();
+        let closers = self.codec.closers();
+        let subtitle = text.length.mode == LengthMode::Soft
+            && text
+                .goal
+                .is_some_and(|g| g.at_most.is_some() && g.about.is_none());
+        let ending = if self.ends_as_source(text, plan) {
+            closers.ending_for(&text.text, input.max_output_tokens)
+        } else if subtitle {
+            closers.gate_for(&text.text)
+        } else {
+            None
+        };
         DecodeInput {
             no_repeat_ngram_size: text.no_repeat_ngram_size,
             ending,
@@ -610,6 +614,7 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ending::Ending;
     use crate::length::TargetLength;
     use crate::logits::EosRule;
     use crate::testing::{self, SPECIAL};
@@ -802,10 +807,11 @@ mod tests {
         assert!(rows.iter().all(|r| r.max_output_tokens == 6
             && r.eos == EosRule::BanUntil(6)
             && r.score
-            && r.ending.as_ref().is_some_and(|e| e.length == 6)));
+            && matches!(r.ending, Some(Ending::AtCount { length: 6, .. }))));
         let told: Vec<_> = rows.iter().map(|r| r.target_length.unwrap()).collect();
         let expected: Vec<_> = EXACT_PLAN_OFFSETS
             .iter()
+            .take(rows.len())
             .map(|&o| 6usize.checked_add_signed(o).unwrap())
             .collect();
         assert_eq!(told, expected);
@@ -829,7 +835,7 @@ mod tests {
         let chosen: Vec<_> = translation.candidates.iter().map(|c| c.chosen).collect();
         assert!(chosen[2] && chosen.iter().filter(|&&c| c).count() == 1);
         assert_eq!(translation.candidates[2].planned_length, Some(expected[2]));
-        assert_eq!(translation.candidates[0].planned_length, None);
+        assert_eq!(translation.candidates[0].planned_length, Some(expected[0]));
         assert!(translation.candidates.iter().all(|c| c.complies));
     }
 }

@@ -24,7 +24,10 @@ configs have them. Then the references, in `reference.json`:
 writes the committed fixture (`tiny-swish`); `--sweep` adds the wider set (other activations,
 sizes, `scale_embedding` off) to check by hand with `cargo test -p model-export --test marian
 -- --ignored` (`NMT_MARIAN_SWEEP=DIR`); `--bench` writes only an OPUS-MT-shaped model, for the
-CTranslate2 comparison on the same weights (`python3 -m nmt_tools.ct2.compare --hf-dir`).
+CTranslate2 comparison on the same weights (`python3 -m nmt_tools.ct2.compare --hf-dir`);
+`--trained HF_DIR` writes only the references of a model trained elsewhere
+(`nmt_tools.marian.train`), into its own directory, on real sentences: put it (or a link to it)
+in a folder and point `NMT_MARIAN_SWEEP` there.
 Needs torch (the CPU wheel is enough), transformers,
 sentencepiece, protobuf and tokenizers; none of them is needed to run the tests.
 """
@@ -342,12 +345,22 @@ def convert_tokenizers(out: Path, inputs: list[str]) -> dict[str, Any]:
 
 
 def build(variant: Variant, english: list[str], spanish: list[str], out: Path, inputs: list[str]) -> dict[str, Any]:
-    import torch
-    import transformers
-
     tokenizer, vocab = write_tokenizer(variant, english, spanish, out)
     pad = vocab["<pad>"]
     model = random_model(variant, len(vocab), pad, out)
+    return write_reference(model, tokenizer, variant.name, asdict(variant), out, inputs)
+
+
+def write_reference(
+    model: Model, tokenizer: MarianTokenizer, name: str, described: dict[str, Any], out: Path, inputs: list[str]
+) -> dict[str, Any]:
+    """transformers' outputs on `inputs` (greedy ids, teacher-forced logits) and the converted
+    tokenizers' report, written to `out/reference.json` beside the saved model; a summary."""
+    import torch
+    import transformers
+
+    pad = model.config.pad_token_id
+    variant = Variant(name, max_positions=model.config.max_position_embeddings, seed=int(described.get("seed", 33)))
     with torch.no_grad():
         cases = greedy_cases(model, tokenizer, variant, pad, inputs)
         forced = teacher_forced(model, cases, variant, pad)
@@ -355,9 +368,9 @@ def build(variant: Variant, english: list[str], spanish: list[str], out: Path, i
     ended = sum(case["ended_with_eos"] for case in cases)
     reference = {
         "generator": f"python3 -m {MODULE}",
-        "variant": asdict(variant),
+        "variant": described,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "vocab_size": len(vocab),
+        "vocab_size": model.config.vocab_size,
         "pad_id": pad,
         "max_length_ratio": MAX_LENGTH_RATIO,
         "max_length_offset": MAX_LENGTH_OFFSET,
@@ -367,7 +380,7 @@ def build(variant: Variant, english: list[str], spanish: list[str], out: Path, i
     }
     (out / "reference.json").write_text(json.dumps(reference, ensure_ascii=False) + "\n", encoding="utf-8")
     return {
-        "variant": variant.name,
+        "variant": name,
         "inputs": len(cases),
         "ended_with_eos": ended,
         "encode_mismatches": len(tokenizers_report["check"]["encode_mismatches"]),
@@ -375,17 +388,37 @@ def build(variant: Variant, english: list[str], spanish: list[str], out: Path, i
     }
 
 
+def reference_for_trained(hf_dir: Path, inputs: list[str]) -> dict[str, Any]:
+    """`write_reference` for a model trained elsewhere (`nmt_tools.marian.train`'s `hf/`),
+    loaded from its directory."""
+    import torch
+    from transformers import MarianMTModel, MarianTokenizer
+
+    model = MarianMTModel.from_pretrained(str(hf_dir))
+    model.eval()
+    tokenizer = MarianTokenizer.from_pretrained(str(hf_dir))
+    described = {"name": hf_dir.name, "trained": True, **model.config.to_diff_dict()}
+    with torch.no_grad():
+        return write_reference(model, tokenizer, hf_dir.name, described, hf_dir, inputs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog=f"python3 -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, required=True, help="folder that gets one subfolder per model")
+    parser.add_argument("--out", type=Path, help="folder that gets one subfolder per model (not with --trained)")
     parser.add_argument("--english", type=Path, help="English lines (default: the held-out verses)")
     parser.add_argument("--spanish", type=Path, help="Spanish lines (default: their translations)")
     parser.add_argument("--train-lines", type=int, default=300, help="lines per side the SentencePiece models see")
     parser.add_argument("--inputs", type=int, default=100, help="corpus lines to translate, beside the tricky ones")
     parser.add_argument("--sweep", action="store_true", help="also the wider set of configurations")
     parser.add_argument("--bench", action="store_true", help="only an OPUS-MT-shaped model, for speed")
+    parser.add_argument(
+        "--trained",
+        type=Path,
+        help="a saved Marian directory (nmt_tools.marian.train's hf/): write its reference.json "
+        "on --inputs lines of --english (after its first --train-lines), and nothing else",
+    )
     args = parser.parse_args()
     english_path, spanish_path = default_corpus()
     english_path = args.english or english_path
@@ -395,6 +428,11 @@ def main() -> None:
     training, held_out = english[: args.train_lines], english[args.train_lines :]
     inputs = (held_out or training)[: args.inputs] + TRICKY
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.trained:
+        print(json.dumps(reference_for_trained(args.trained, inputs), indent=1))
+        return
+    if args.out is None:
+        parser.error("--out is needed to write random models")
     variants = [BENCH] if args.bench else COMMITTED + (SWEEP if args.sweep else [])
     summary = [build(v, training, spanish, args.out / v.name, inputs) for v in variants]
     print(json.dumps({"corpus": [shown(english_path), shown(spanish_path)], "models": summary}, indent=1))

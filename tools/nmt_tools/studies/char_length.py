@@ -128,7 +128,10 @@ def section(out: Path, sources: list[str], references: list[str], package: str) 
         "rows of one batch, each planned by the length encoding and ended by the model; when none complies, "
         "a second round aims at the sentence's own characters per subword, pulled to those lengths; the "
         "candidate the model scores best (mean log-probability per token) among those that comply is "
-        "returned (under `max_chars` alone, one that ends as the source does first).",
+        "returned (under `max_chars` alone, one that ends as the source does first). Under `max_chars` alone, "
+        "a row of a text whose source ends in sentence punctuation may end only right after the same "
+        "punctuation, and until it has, the length rule's pull on its end goes to that punctuation instead "
+        "(`engine/src/ending.rs`): where the rule would have stopped it mid-clause, it closes the sentence.",
         "",
         "LC: IWSLT 2022's length compliance against the source (characters without spaces within ±10%, or "
         "either side under 10). Goal met: the returned candidate meets the request's own goal (±10% of "
