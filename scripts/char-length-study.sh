@@ -39,4 +39,9 @@ run chars.reference --target-chars reference
 run subtitle.0.8 --max-chars reference --reference-length-scale 0.8
 run chars42 --max-chars 42
 
+# Beside a rule-based system where Debian's apertium-en-es is installed (apt-get install
+# apertium-en-es): its outputs, as they come, on the same sources.
+if command -v apertium > /dev/null; then
+  head -n "$(wc -l < "$out/default/test.ref")" "$corpus/test.en" | apertium -u eng-spa > "$out/apertium.es"
+fi
 python3 -m nmt_tools.studies.char_length "$out" "$corpus/test.en" "$package"

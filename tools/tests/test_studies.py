@@ -121,6 +121,13 @@ def test_char_length_section_counts_compliance_and_replaces_itself(tmp_path: Pat
     assert "| 2.0 |" in iso, "two candidates a text"
     assert "21→47*" in text
     assert char_length.isometric_compliant("abc", "a much longer text than abc")
+    # Another system's outputs, and the references, measured by what the text alone says.
+    (tmp_path / "apertium.es").write_text("En el principio creó Dios el cielo.\nJesús lloró.")
+    text = char_length.section(tmp_path, sources, references, "models/p")
+    apertium = next(line for line in text.splitlines() if line.startswith("| Apertium"))
+    assert "| 50.0% | – | 100.0% | 100.0% |" in apertium and apertium.endswith("| – | – |")
+    own = next(line for line in text.splitlines() if line.startswith("| the references"))
+    assert own.startswith("| the references themselves | – | – | 50.0% | – | 100.0% |")
 
 
 def write_char_run(folder: Path, texts: list[str], cut: bool, candidates: bool = True) -> None:

@@ -87,6 +87,31 @@ class Run:
         )
 
 
+def plain_row(label: str, texts: list[str], sources: list[str], references: list[str] | None) -> str:
+    """A row for outputs that did not come from the engine (another system's, or the
+    references themselves, `references` None): what the text alone says, BLEU and chrF by
+    sacrebleu where there are references to score against."""
+    n = max(len(texts), 1)
+
+    def share(k: int) -> str:
+        return f"{100 * k / n:.1f}%"
+
+    lc = sum(isometric_compliant(s, t) for s, t in zip(sources, texts, strict=False))
+    ends = sum(sentence_end(t) in SENTENCE_ENDS for t in texts)
+    as_source = sum(sentence_end(t) == sentence_end(s) for s, t in zip(sources, texts, strict=False))
+    bleu, chrf = "–", "–"
+    if references is not None:
+        import sacrebleu
+
+        scored = sacrebleu.corpus_bleu(texts, [references[: len(texts)]])
+        bleu = f"{scored.score:.2f}"
+        chrf = f"{sacrebleu.corpus_chrf(texts, [references[: len(texts)]]).score:.2f}"
+    return (
+        f"| {label} | {bleu} | {chrf} | {share(lc)} | – | {share(ends)} | {share(as_source)} | – | {share(ends)} "
+        "| – | – |"
+    )
+
+
 HEADER = (
     "| request | BLEU | chrF | LC | goal met | ends . ! ? | ends as source | cut | whole sentence, not cut "
     "| rows a text | sentences/s |\n"
@@ -138,11 +163,20 @@ def section(out: Path, sources: list[str], references: list[str], package: str) 
         "`target_chars`; within `max_chars`). Ends . ! ?: sentence punctuation, closing quotes aside; ends as "
         "source: the same sentence punctuation as the source, or none where it has none. Rows a text: "
         "candidates decoded per text (the cost). Sentences/s on this machine's CPU beside a training run: "
-        "compare rows with one another only.",
+        "compare rows with one another only. Beside them, where the machine has Debian's `apertium-en-es` "
+        "(a rule-based system, asked for no length), its translations of the same sources, and the references "
+        "themselves measured against their sources.",
         "",
         HEADER,
     ]
     lines += [runs[name].row(label, sources) for label, name in RUNS if name in runs]
+    apertium = out / "apertium.es"
+    if apertium.exists():
+        texts = apertium.read_text().split("\n")[:n]
+        lines.append(
+            plain_row("Apertium (rule-based, `apertium eng-spa`), as it translates", texts, sources, references)
+        )
+    lines.append(plain_row("the references themselves", references[:n], sources, None))
     lines += ["", "### Three verses", ""]
     lines += examples(runs, sources, references)
     lines.append(END)
