@@ -248,12 +248,8 @@ impl CharGoal {
             |c: &Candidate| source_ending.is_none_or(|end| sentence_end(&c.text) == Some(end));
         let prefer_ending = self.about.is_none();
         // Ties go to the earlier candidate: the natural length, then the longer.
-        let mut best: Option<(usize, Rank)> = None;
-        for (i, c) in candidates.iter().enumerate() {
-            if !(c.complies && c.ended) {
-                continue;
-            }
-            let rank = Rank {
+        let best = best_ranked(candidates, |c| {
+            (c.complies && c.ended).then(|| Rank {
                 ends_well: prefer_ending && ends_as_source(c),
                 // A candidate that reached its length by saying a phrase twice scores well
                 // token by token (a repeat is easy to predict) but reads badly.
@@ -263,12 +259,9 @@ impl CharGoal {
                     (true, Some(about)) => -about.distance(&c.text),
                     (true, None) => c.characters as f64,
                 },
-            };
-            if best.as_ref().is_none_or(|(_, b)| rank.beats(b)) {
-                best = Some((i, rank));
-            }
-        }
-        if let Some((i, _)) = best {
+            })
+        });
+        if let Some(i) = best {
             return i;
         }
         let miss = |c: &Candidate| match (self.about, self.at_most) {
@@ -291,19 +284,30 @@ impl CharGoal {
 /// return: those that ended where the model would have ended them first, then those that
 /// say no phrase twice, then the model's best by mean log-probability per token.
 pub fn best_scored(candidates: &[Candidate]) -> usize {
-    let rank = |c: &Candidate| Rank {
-        ends_well: c.ended,
-        no_repeat: !repeats_a_phrase(&c.text),
-        merit: c.score,
-    };
+    best_ranked(candidates, |c| {
+        Some(Rank {
+            ends_well: c.ended,
+            no_repeat: !repeats_a_phrase(&c.text),
+            merit: c.score,
+        })
+    })
+    .unwrap_or(0)
+}
+
+/// The candidate `rank` ranks highest, those it gives no rank passed over; the earlier on
+/// ties.
+fn best_ranked(
+    candidates: &[Candidate],
+    rank: impl Fn(&Candidate) -> Option<Rank>,
+) -> Option<usize> {
     let mut best: Option<(usize, Rank)> = None;
     for (i, c) in candidates.iter().enumerate() {
-        let r = rank(c);
+        let Some(r) = rank(c) else { continue };
         if best.as_ref().is_none_or(|(_, b)| r.beats(b)) {
             best = Some((i, r));
         }
     }
-    best.map_or(0, |(i, _)| i)
+    best.map(|(i, _)| i)
 }
 
 /// Adds to `plans` a plan at `center` times each factor of `factors` subwords, pulled to it

@@ -36,8 +36,8 @@ pub struct DecodeInput {
     /// candidates of one text decoded at several lengths. Off by default: it costs a pass
     /// over the vocabulary per row and step.
     pub score: bool,
-    /// Exact mode's sentence ending ([`Ending`]): the row ends on a closer like its
-    /// source's.
+    /// How the row ends as its source does ([`Ending`]): exact mode's on a closer like the
+    /// source's at its count, a subtitle's only after one.
     pub ending: Option<Ending>,
 }
 
@@ -261,20 +261,18 @@ impl<B: Backend, T> RunningBatch<B, T> {
             if let EndingStep::Hold(closers) = step {
                 banned.extend_from_slice(closers);
             }
-            let free = sequence
-                .eos
-                .choose(logits.row(r), special.eos, produced, &banned);
+            let eos = sequence.eos;
+            let choose = |banned: &[u32]| eos.choose(logits.row(r), special.eos, produced, banned);
             let next = match step {
                 EndingStep::Close(closers) => {
-                    sequence.closed_freely = closers.contains(&free);
+                    // Whether the model, left to itself, would have closed here.
+                    sequence.closed_freely = closers.contains(&choose(&banned));
                     argmax_among(logits.row(r), closers)
                 }
                 EndingStep::Steer(closers) => {
-                    sequence
-                        .eos
-                        .steer(logits.row(r), special.eos, produced, closers, &banned)
+                    eos.steer(logits.row(r), special.eos, produced, closers, &banned)
                 }
-                EndingStep::Hold(_) | EndingStep::Open => free,
+                EndingStep::Hold(_) | EndingStep::Open => choose(&banned),
             };
             if let Some(sum) = &mut sequence.log_prob {
                 *sum += f64::from(log_prob(logits.row(r), next));

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 /// Tokens before an exact row's last one in which sentence closers are held back: an early
-/// end this close to the count leaves a fragment to pad it with. Measured on the Bible test
-/// books at the reference length (docs/length-control.md, "Exact lengths that end well").
+/// end this close to the count leaves a fragment to pad it with. Chosen, not tuned: no other
+/// window was measured (docs/length-control.md, "Exact lengths that end well").
 pub const HOLD_WINDOW: usize = 4;
 
 /// Characters that end a sentence (or a clause the next sentence continues, as a source's

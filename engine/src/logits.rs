@@ -82,20 +82,15 @@ impl EosRule {
         banned: &[u32],
     ) -> u32 {
         let bias = self.bias(produced).unwrap_or(0.0);
-        let mut best = 0usize;
-        let mut best_value = f32::NEG_INFINITY;
-        for (i, &v) in logits.iter().enumerate() {
-            let id = i as u32;
+        argmax_scored(logits, |id, v| {
             if id == eos || banned.contains(&id) {
-                continue;
+                None
+            } else if closers.contains(&id) {
+                Some(v + bias)
+            } else {
+                Some(v)
             }
-            let v = if closers.contains(&id) { v + bias } else { v };
-            if v > best_value {
-                best = i;
-                best_value = v;
-            }
-        }
-        best as u32
+        })
     }
 }
 
@@ -158,12 +153,22 @@ pub fn argmax_among(logits: ArrayView1<'_, f32>, allowed: &[u32]) -> u32 {
 /// [`argmax_except`] that also passes over every token of `banned` (a short list, usually
 /// empty).
 fn argmax_excluding(logits: ArrayView1<'_, f32>, one: Option<u32>, banned: &[u32]) -> u32 {
+    argmax_scored(logits, |id, v| {
+        (one != Some(id) && !banned.contains(&id)).then_some(v)
+    })
+}
+
+/// The token with the largest `score(id, logit)`, tokens it scores `None` passed over; the
+/// first on ties, and NaNs never win (0 when nothing scores above minus infinity).
+fn argmax_scored(logits: ArrayView1<'_, f32>, score: impl Fn(u32, f32) -> Option<f32>) -> u32 {
     let mut best = 0usize;
     let mut best_value = f32::NEG_INFINITY;
     for (i, &v) in logits.iter().enumerate() {
-        if v > best_value && one != Some(i as u32) && !banned.contains(&(i as u32)) {
-            best = i;
-            best_value = v;
+        if let Some(v) = score(i as u32, v) {
+            if v > best_value {
+                best = i;
+                best_value = v;
+            }
         }
     }
     best as u32

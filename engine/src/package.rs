@@ -153,7 +153,7 @@ pub struct TextCodec {
     control: std::sync::Arc<[u32]>,
     unk: Option<u32>,
     masks: bool,
-    /// The target vocabulary's sentence closers (exact mode's endings).
+    /// The target vocabulary's sentence closers (rows that end as their sources do).
     closers: std::sync::Arc<Closers>,
 }
 

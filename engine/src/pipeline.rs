@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::BackendError;
 use crate::char_length::{self, Candidate, CharGoal};
 use crate::decode::{DecodeInput, DecodeOutput, StopReason};
-use crate::ending::sentence_end;
+use crate::ending::{sentence_end, Ending};
 use crate::error::{EngineError, ValidationError};
 use crate::length::{self, LengthMode, LengthModel, LengthPlan, LengthRequest, LengthSource};
 use crate::limits::{LimitSource, RequestLimits};
@@ -384,31 +384,39 @@ impl Pipeline {
         self.plans_for(text, &text.plan)
     }
 
-    /// Whether `text`'s rows under `plan` end as its source does: exact mode's do (unless
-    /// `--exact-plans` is 0); soft rows end where the model ends them.
-    fn ends_as_source(&self, text: &ValidText, plan: &LengthPlan) -> bool {
-        text.length.mode == LengthMode::Exact
-            && plan.target.is_some()
-            && self.limits.exact_plans > 0
+    /// How a row of `text` under `plan`, of at most `length` tokens, ends as its source does
+    /// ([`crate::ending`]): an exact count on a closer like the source's (unless
+    /// `--exact-plans` is 0), a soft row under `max_chars` alone only after one; `None`
+    /// otherwise, or where the source ends in no sentence punctuation.
+    fn ending(&self, text: &ValidText, plan: &LengthPlan, length: usize) -> Option<Ending> {
+        let closers = self.codec.closers();
+        let subtitle = text
+            .goal
+            .is_some_and(|g| g.at_most.is_some() && g.about.is_none());
+        match text.length.mode {
+            LengthMode::Exact if plan.target.is_some() && self.limits.exact_plans > 0 => {
+                closers.ending_for(&text.text, length)
+            }
+            LengthMode::Soft if subtitle => closers.gate_for(&text.text),
+            _ => None,
+        }
     }
 
     /// An exact count that ends as its source does ([`crate::ending`]): rows forced to the
     /// count, each telling the length encoding a length around it
     /// ([`EXACT_PLAN_OFFSETS`]); the model's best is returned. Otherwise `plan` alone.
     fn exact_candidates(&self, text: &ValidText, plan: &LengthPlan) -> Vec<LengthPlan> {
-        let ends = |n| self.codec.closers().ending_for(&text.text, n).is_some();
+        let exact = text.length.mode == LengthMode::Exact && self.length.length_aware;
         match plan.target {
-            Some(n) if self.ends_as_source(text, plan) && self.length.length_aware && ends(n) => {
-                EXACT_PLAN_OFFSETS
-                    .iter()
-                    .take(self.limits.exact_plans)
-                    .filter_map(|&offset| n.checked_add_signed(offset).filter(|&t| t >= 1))
-                    .map(|told| LengthPlan {
-                        told: (told != n).then_some(told),
-                        ..*plan
-                    })
-                    .collect()
-            }
+            Some(n) if exact && self.ending(text, plan, n).is_some() => EXACT_PLAN_OFFSETS
+                .iter()
+                .take(self.limits.exact_plans)
+                .filter_map(|&offset| n.checked_add_signed(offset).filter(|&t| t >= 1))
+                .map(|told| LengthPlan {
+                    told: (told != n).then_some(told),
+                    ..*plan
+                })
+                .collect(),
             _ => vec![*plan],
         }
     }
@@ -450,18 +458,7 @@ impl Pipeline {
             &self.limits,
             self.max_output(),
         );
-        let closers = self.codec.closers();
-        let subtitle = text.length.mode == LengthMode::Soft
-            && text
-                .goal
-                .is_some_and(|g| g.at_most.is_some() && g.about.is_none());
-        let ending = if self.ends_as_source(text, plan) {
-            closers.ending_for(&text.text, input.max_output_tokens)
-        } else if subtitle {
-            closers.gate_for(&text.text)
-        } else {
-            None
-        };
+        let ending = self.ending(text, plan, input.max_output_tokens);
         DecodeInput {
             no_repeat_ngram_size: text.no_repeat_ngram_size,
             ending,
@@ -614,7 +611,6 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ending::Ending;
     use crate::length::TargetLength;
     use crate::logits::EosRule;
     use crate::testing::{self, SPECIAL};

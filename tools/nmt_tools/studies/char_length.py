@@ -51,6 +51,13 @@ def sentence_end(text: str) -> str | None:
     return t[-1] if t and t[-1] in ".!?…:;" else None
 
 
+def ending_counts(sources: list[str], texts: list[str]) -> tuple[int, int]:
+    """Texts that end in . ! ?, and texts that end as their sources do."""
+    ends = sum(sentence_end(t) in SENTENCE_ENDS for t in texts)
+    as_source = sum(sentence_end(t) == sentence_end(s) for s, t in zip(sources, texts, strict=False))
+    return ends, as_source
+
+
 @dataclass
 class Run:
     """One nmt-eval run: its report's first system and its decoded translations."""
@@ -77,14 +84,19 @@ class Run:
         chosen = [c for t in self.translations for c in t.get("candidates", []) if c["chosen"]]
         complies = share(sum(c["complies"] for c in chosen)) if chosen else "–"
         rows = sum(max(len(t.get("candidates", [])), 1) for t in self.translations) / n
-        ends = sum(sentence_end(t) in SENTENCE_ENDS for t in texts)
-        as_source = sum(sentence_end(t) == sentence_end(s) for s, t in zip(sources, texts, strict=False))
+        ends, as_source = ending_counts(sources, texts)
         whole = sum(not t.get("truncated") and sentence_end(t["text"]) in SENTENCE_ENDS for t in self.translations)
         return (
             f"| {label} | {o['bleu']['score']:.2f} ± {o['bleu']['ci']:.2f} | {o['chrf']['score']:.2f} | "
             f"{share(lc)} | {complies} | {share(ends)} | {share(as_source)} | {share(cut)} | {share(whole)} | "
             f"{rows:.1f} | {self.system['sentences_per_second']:.1f} |"
         )
+
+
+def load_runs(out: Path, names: list[str]) -> tuple[dict[str, Run], int]:
+    """The runs of `names` that `out` holds, and how many sentences they translated."""
+    runs = {name: Run.load(out / name) for name in names if (out / name / "report.json").exists()}
+    return runs, len(next(iter(runs.values())).translations) if runs else 0
 
 
 def plain_row(label: str, texts: list[str], sources: list[str], references: list[str] | None) -> str:
@@ -97,8 +109,7 @@ def plain_row(label: str, texts: list[str], sources: list[str], references: list
         return f"{100 * k / n:.1f}%"
 
     lc = sum(isometric_compliant(s, t) for s, t in zip(sources, texts, strict=False))
-    ends = sum(sentence_end(t) in SENTENCE_ENDS for t in texts)
-    as_source = sum(sentence_end(t) == sentence_end(s) for s, t in zip(sources, texts, strict=False))
+    ends, as_source = ending_counts(sources, texts)
     bleu, chrf = "–", "–"
     if references is not None:
         import sacrebleu
@@ -141,8 +152,7 @@ def examples(runs: dict[str, Run], sources: list[str], references: list[str]) ->
 
 def section(out: Path, sources: list[str], references: list[str], package: str) -> str:
     """The page's section: the table, what its columns mean, and the examples."""
-    runs = {name: Run.load(out / name) for _, name in RUNS if (out / name / "report.json").exists()}
-    n = len(next(iter(runs.values())).translations) if runs else 0
+    runs, n = load_runs(out, [name for _, name in RUNS])
     lines = [
         BEGIN,
         "## Lengths in characters: n-best over lengths",

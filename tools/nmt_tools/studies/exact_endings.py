@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nmt_tools.studies.char_length import SENTENCE_ENDS, Run, collate_main, sentence_end
+from nmt_tools.studies.char_length import Run, collate_main, ending_counts, load_runs
 
 MODULE = "nmt_tools.studies.exact_endings"
 BEGIN = "<!-- exact endings: begin (python3 -m nmt_tools.studies.exact_endings) -->"
@@ -40,8 +40,7 @@ def row(run: Run, label: str, sources: list[str]) -> str:
     def share(k: int) -> str:
         return f"{100 * k / n:.1f}%"
 
-    ends = sum(sentence_end(t) in SENTENCE_ENDS for t in texts)
-    as_source = sum(sentence_end(t) == sentence_end(s) for s, t in zip(sources, texts, strict=False))
+    ends, as_source = ending_counts(sources, texts)
     chosen = [c for t in run.translations for c in t.get("candidates", []) if c["chosen"]]
     closed = share(sum(c["ended"] for c in chosen)) if chosen else "–"
     rows = sum(max(len(t.get("candidates", [])), 1) for t in run.translations) / n
@@ -74,8 +73,7 @@ def examples(runs: dict[str, Run], sources: list[str], references: list[str]) ->
 
 
 def section(out: Path, sources: list[str], references: list[str], package: str) -> str:
-    runs = {name: Run.load(out / name) for _, name in RUNS if (out / name / "report.json").exists()}
-    n = len(next(iter(runs.values())).translations) if runs else 0
+    runs, n = load_runs(out, [name for _, name in RUNS])
     lines = [
         BEGIN,
         "## Exact lengths that end well",
