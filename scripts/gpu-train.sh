@@ -6,26 +6,36 @@
 #   train.jsonl.xz, dev.jsonl (and any other *dev.jsonl, e.g. l10n-dev.jsonl), tokenizer.json,
 #   config.json (the model to build), and optionally init.safetensors (weights to start from)
 # Usage: DATA=gpu OUT=/tmp/out MINUTES=7.5 scripts/gpu-train.sh [extra torch_train flags]
+#   CONFIG       the model to build (default DATA/config.json)
+#   PREFIX       put before the names of the files written to OUT (default none)
+#   KINDS        which weights come back: last, ema or both (default "last ema")
+#   CHECKPOINTS  where the trainer writes (default /tmp/checkpoints; one per run when several
+#                share the GPU, as scripts/gpu-train-jobs.sh runs them)
 # Back here: python3 -m nmt_tools.training.torch_train join --parts OUT --prefix last- ...
 set -uo pipefail
 DATA=$(realpath "${DATA:?folder of training data}")
 OUT=$(realpath "${OUT:?folder for the results}")
 MINUTES=${MINUTES:-7.5}
+CONFIG=$(realpath "${CONFIG:-$DATA/config.json}")
+PREFIX=${PREFIX:-}
+KINDS=${KINDS:-last ema}
+CHECKPOINTS=${CHECKPOINTS:-/tmp/checkpoints}
+LOG=$OUT/${PREFIX}train.log
 cd "$(dirname "$0")/../tools"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/train.log"
-python3 -c 'import torch, tokenizers; print("torch", torch.__version__, "tokenizers", tokenizers.__version__)' | tee -a "$OUT/train.log"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
+python3 -c 'import torch, tokenizers; print("torch", torch.__version__, "tokenizers", tokenizers.__version__)' | tee -a "$LOG"
 init=()
 [ -f "$DATA/init.safetensors" ] && init=(--init-from "$DATA/init.safetensors")
 dev=()
 for f in "$DATA"/*dev.jsonl; do dev+=(--dev "$f"); done
 PYTHONUNBUFFERED=1 python3 -m nmt_tools.training.torch_train train \
     --pairs "$DATA/train.jsonl.xz" "${dev[@]}" \
-    --tokenizer "$DATA/tokenizer.json" --config "$DATA/config.json" "${init[@]}" \
-    --out /tmp/checkpoints --minutes "$MINUTES" --bf16 --ema-half "$@" 2>&1 | tee -a "$OUT/train.log"
+    --tokenizer "$DATA/tokenizer.json" --config "$CONFIG" "${init[@]}" \
+    --out "$CHECKPOINTS" --minutes "$MINUTES" --bf16 --ema-half "$@" 2>&1 | tee -a "$LOG"
 status=$?
 # Whatever was saved comes back, also after a failure or a kill mid-run.
-for kind in last ema; do
-    [ -d /tmp/checkpoints/$kind ] && python3 -m nmt_tools.training.torch_train split \
-        --checkpoint /tmp/checkpoints/$kind --out "$OUT" --prefix "$kind-" --max-mib 15.9
+for kind in $KINDS; do
+    [ -d "$CHECKPOINTS/$kind" ] && python3 -m nmt_tools.training.torch_train split \
+        --checkpoint "$CHECKPOINTS/$kind" --out "$OUT" --prefix "$PREFIX$kind-" --max-mib 15.9
 done
 exit $status

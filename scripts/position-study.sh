@@ -13,7 +13,7 @@
 # findings' wording are Markdown templates beside the record
 # (docs/experiments/position-study/*.template.md); nmt_tools.studies.position_study fills them in.
 #
-#   scripts/position-study.sh [--quick]
+#   scripts/position-study.sh [--quick | --full]
 #
 # Settings (environment):
 #   STUDY_DIR    where runs, packages and reports go (default runs/position-study)
@@ -33,15 +33,24 @@
 #                (default models/en-es-rel-ldpe)
 # --quick: tiny models, 40 steps, 60 test verses: checks the pipeline in minutes, writes to
 # runs/position-study-quick and its own doc and record there, never to docs/.
+# --full: the shipped size (d_model 256), trained on a lent GPU rather than here: the
+# Transformer, the Rel-Transformer and the RR-Transformer on sources of at most STUDY_CAP
+# subwords, and the first two on the shortest third, each imported from the folder
+# scripts/gpu-train-jobs.sh filled (STUDY_GPU_PARTS, required; its job file:
+# docs/experiments/position-study-full/gpu-jobs.txt). Writes
+# docs/experiments/position-study-full.md, with the -small results beside it.
 set -euo pipefail
 # Braces: bash reads the whole script before running it, so the script can be edited while a
 # study of several hours runs.
 {
 cd "$(dirname "$0")/.."
 
-quick=0
-[ "${1:-}" = "--quick" ] && quick=1
-if [ $quick = 1 ]; then
+tier=small
+case "${1:-}" in
+  --quick) tier=quick ;;
+  --full) tier=full ;;
+esac
+if [ $tier = quick ]; then
   dir=${STUDY_DIR:-runs/position-study-quick}
   steps=${STUDY_STEPS:-40}
   size=tiny
@@ -49,6 +58,15 @@ if [ $quick = 1 ]; then
   limit_flags="--limit 60"
   doc=${STUDY_DOC:-$dir/position-study.md}
   record=${STUDY_RECORD:-$dir/record}
+elif [ $tier = full ]; then
+  dir=${STUDY_DIR:-runs/position-study-full}
+  steps=${STUDY_STEPS:-2400}
+  size=full
+  eval_flags=()
+  limit_flags=""
+  doc=${STUDY_DOC:-docs/experiments/position-study-full.md}
+  record=${STUDY_RECORD:-docs/experiments/position-study-full}
+  gpu_parts=${STUDY_GPU_PARTS:-}
 else
   dir=${STUDY_DIR:-runs/position-study}
   steps=${STUDY_STEPS:-1500}
@@ -65,6 +83,8 @@ jobs=${STUDY_JOBS:-2}
 # baseline; the Transformer (sinusoidal) is the baseline of every paired bootstrap.
 MODELS=(transformer transformer-learned rel-transformer rnn-transformer rr-transformer lstm-pe rpe-head rnn-nmt)
 THIRDS_MODELS=(transformer rel-transformer)
+THIRDS=(1 2 3)
+[ $tier = full ] && { MODELS=(transformer rel-transformer rr-transformer); THIRDS=(1); }
 # Oka et al.'s table, at the same size and budget: the Transformer (above) against its decoder
 # with LDPE or LRPE, trained with length noise 0, [-2, 2] and [-4, 4]; written to
 # docs/experiments/length-encodings.md. Their "auto" length comes from the shipped package's
@@ -87,18 +107,30 @@ echo "position-study: source terciles $t1 / $t2, short-only cap $cap, $steps ste
 
 # One line per run: NAME PRESET EXTRA_TRAIN_FLAGS...
 runs_list() {
+  local preset
   for m in "${MODELS[@]}"; do
-    echo "$m.all $m-$size"
-    echo "$m.short $m-$size --max-source-len $cap"
+    preset=$(preset_of "$m")
+    [ $tier = full ] || echo "$m.all $preset"
+    echo "$m.short $preset --max-source-len $cap"
   done
-  for m in "${LENGTH_MODELS[@]}"; do
-    echo "$m.all $m-$size"
-  done
+  if [ $tier != full ]; then
+    for m in "${LENGTH_MODELS[@]}"; do
+      echo "$m.all $(preset_of "$m")"
+    done
+  fi
   for m in "${THIRDS_MODELS[@]}"; do
-    echo "$m.third1 $m-$size --max-source-len $t1"
-    echo "$m.third2 $m-$size --min-source-len $((t1 + 1)) --max-source-len $t2"
-    echo "$m.third3 $m-$size --min-source-len $((t2 + 1))"
+    preset=$(preset_of "$m")
+    for k in "${THIRDS[@]}"; do
+      case $k in
+        1) echo "$m.third1 $preset --max-source-len $t1" ;;
+        2) echo "$m.third2 $preset --min-source-len $((t1 + 1)) --max-source-len $t2" ;;
+        3) echo "$m.third3 $preset --min-source-len $((t2 + 1))" ;;
+      esac
+    done
   done
+}
+preset_of() { # MODEL: its preset at the tier's size (the full size has no suffix)
+  if [ $tier = full ]; then echo "$1"; else echo "$1-$size"; fi
 }
 
 # The length asks a model's translations are kept for: what a request without one gets,
@@ -134,7 +166,15 @@ train_one() { # NAME PRESET FLAGS...
     return 0
   fi
   local out=$dir/runs/$name pkg=$dir/pkg/$name
-  if ! budget_spent "$out/report.json"; then
+  if [ $tier = full ] && ! budget_spent "$out/report.json"; then
+    # Trained on a GPU (the flags above are the job file's too); the config is the preset's.
+    [ -n "$gpu_parts" ] || { echo "position-study: $name not trained: set STUDY_GPU_PARTS" >&2; return 1; }
+    $bin/nmt-train train --preset "$preset" --out "$dir/config/$name" --max-steps 0 \
+      --tokenizer data/tokenizer.json --quiet > /dev/null
+    python3 -m nmt_tools.studies.position_study import-gpu --parts "$gpu_parts" --name "$name" \
+      --config "$dir/config/$name/last/config.json" --out "$out" >&2
+    budget_spent "$out/report.json" || echo "position-study: $name stopped short of $steps steps" >&2
+  elif ! budget_spent "$out/report.json"; then
     echo "position-study: training $name ($preset $*)" >&2
     mkdir -p "$out"
     # One core per run: two runs side by side use this machine better than one run on two.
@@ -166,7 +206,7 @@ train_one() { # NAME PRESET FLAGS...
 }
 LENGTH_RUNS=$(printf '%s.all ' "${LENGTH_MODELS[@]}")
 export -f train_one recorded budget_spent asks_of
-export dir steps bin record limit_flags LENGTH_RUNS PREDICTOR_FROM
+export dir steps bin record limit_flags LENGTH_RUNS PREDICTOR_FROM tier gpu_parts
 
 if [ -z "${STUDY_REPORT_ONLY:-}" ]; then
   # STUDY_ONLY's order is the training order, so a session can put first what it needs first.
@@ -179,15 +219,16 @@ if [ -z "${STUDY_REPORT_ONLY:-}" ]; then
   fi | xargs -P "$jobs" -L 1 bash -c 'set -euo pipefail; train_one "$@"' _
 fi
 
-evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) PACKAGES... [--NMT_EVAL_FLAG ...]
+evaluate() { # OUT BUCKET_EDGES CONCAT(yes|no) [--from RECORD] [--ask ASK] RUNS... [--NMT_EVAL_FLAG ...]
   local out=$1 edges=$2 concat=$3
   shift 3
   local decoded=()
-  local ask=default
+  local ask=default from=$record
+  [ "${1:-}" = --from ] && { from=$2; shift 2; }
   [ "${1:-}" = --ask ] && { ask=$2; shift 2; }
   # Models not yet recorded are left out: the tables show what the record holds so far.
   while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do
-    [ -f "$record/runs/$1/decoded-$ask.json" ] && decoded+=("$record/runs/$1/decoded-$ask.json")
+    [ -f "$from/runs/$1/decoded-$ask.json" ] && decoded+=("$from/runs/$1/decoded-$ask.json")
     shift
   done
   if [ ${#decoded[@]} = 0 ]; then
@@ -226,9 +267,20 @@ if [ "${STUDY_REPORT_ONLY:-}" != length ]; then
   done
   # Across families, for the paired bootstrap: the models trained on the same third, the
   # Transformer first.
-  for k in 1 2 3; do
+  for k in "${THIRDS[@]}"; do
     evaluate "eval-third$k" "$t1,$t2" no $(printf "%s.third$k " "${THIRDS_MODELS[@]}")
   done
+fi
+
+if [ $tier = full ]; then
+  # The same models at -small, from that study's record, scored the same way, to set beside.
+  evaluate eval-short-small "$cap,64" yes --from docs/experiments/position-study "${short[@]}"
+  python3 -m nmt_tools.studies.position_study report "$dir" "$doc" --record "$record" --cap "$cap" \
+    --terciles "$t1" "$t2" --steps "$steps" --size "$size" --models "${MODELS[@]}" \
+    --thirds-models "${THIRDS_MODELS[@]}" --beside "$dir/eval-short-small" \
+    --template docs/experiments/position-study/position-study-full.template.md
+  echo "position-study: wrote $doc" >&2
+  exit
 fi
 
 aware=()

@@ -478,7 +478,10 @@ fn copy_from_package(from: &Path, to: &Path) -> anyhow::Result<LengthPrediction>
         from.display(),
         to.display()
     );
-    std::fs::create_dir_all(to.join(FILES_DIR))?;
+    // The folder holds a BERT predictor's tokenizer and weights; a table or a head has none.
+    if !spec.external_files.is_empty() {
+        std::fs::create_dir_all(to.join(FILES_DIR))?;
+    }
     copy_unchanged(&from.join(&spec.graph), &to.join(&spec.graph))?;
     for file in &spec.external_files {
         let sha256 = copy_unchanged(&from.join(&file.path), &to.join(&file.path))?;

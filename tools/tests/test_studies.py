@@ -40,6 +40,37 @@ def test_position_study_page(study: Path) -> None:
     assert (study / "docs" / "position-study" / "bleu-by-length-all.png").exists()
 
 
+def test_full_size_page_sets_each_finding_beside_the_small_one(study: Path) -> None:
+    """`report --beside` (scripts/position-study.sh --full): the models at both sizes and, per
+    finding, whether its verdict changed. The -small evaluation here is the fixture's with
+    finding 1's test made insignificant, so only that verdict changes."""
+    full = fx.report(
+        [f"{m}.short" for m in ("transformer", "rel-transformer", "rr-transformer")], ["1-32", "33-64", "65+"], True
+    )
+    fx.write_json(study / "full" / "eval-short" / "report.json", full)
+    small = json.loads(json.dumps(full))
+    for row in small["paired_bootstrap"]["by_bucket"]:
+        if row["system"] == "rel-transformer.short" and row["bucket"] == "65+":
+            row["bleu_p"] = 0.4
+    fx.write_json(study / "small" / "report.json", small)
+    template = fx.REPO / position_study.TEMPLATES / position_study.TEMPLATE_FILES["report-full"]
+    argv = ["report", "full", "docs/full.md", "--record", "record", "--cap", str(fx.CAP), "--size", "full"]
+    argv += ["--terciles", *map(str, fx.TERCILES), "--steps", "2400", "--template", str(template)]
+    argv += ["--models", "transformer", "rel-transformer", "rr-transformer", "--thirds-models", *fx.THIRDS_MODELS]
+    assert position_study.main([*argv, "--beside", "small"]) == 0
+    page = (study / "docs" / "full.md").read_text()
+    assert "## At two sizes" in page
+    rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| ")}
+    assert "| Rel-Transformer (Shaw, k=16)" in rows
+    for size in ("-small", "full"):
+        assert f"| RR-Transformer (GRU + Shaw) | {size} | " in page
+    changed = [line for line in page.splitlines() if line.endswith("| **yes** |")]
+    assert len(changed) == 1 and changed[0].startswith("| 1. Rel beyond the training lengths")
+    assert "(p = 0.400): **did not hold** (no significant difference)" in changed[0]
+    assert "4. **Sinusoidal" not in page and "5. **LSTM" not in page
+    assert "6. **GRU positions beat the Transformer" in page
+
+
 def test_length_encodings_page(study: Path) -> None:
     (study / "docs").mkdir()
     argv = ["length-encodings", "study", "docs/length-encodings.md", "--record", "record", "--steps", "1500"]

@@ -6,6 +6,9 @@
       writes the study's Markdown from the nmt-eval reports and training reports.
   length-encodings STUDY_DIR DOC --record DIR --steps N --models ...
       writes Oka et al.'s table of length encodings.
+  import-gpu --parts DIR --name RUN --config CONFIG --out RUN_DIR
+      keeps a run trained on a GPU (scripts/gpu-train-jobs.sh) as the study keeps its own:
+      its checkpoint in RUN_DIR/last and a training report in nmt-train's shape.
 
 The pages' prose, the papers' numbers and the findings' wording are Markdown templates beside
 the study's record (docs/experiments/position-study/*.template.md); this module computes the
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -33,11 +37,17 @@ MODULE = "nmt_tools.studies.position_study"
 SIGNIFICANCE = 0.05
 # The pages' templates, beside the study's record, by subcommand.
 TEMPLATES = Path("docs/experiments/position-study")
-TEMPLATE_FILES = {"report": "position-study.template.md", "length-encodings": "length-encodings.template.md"}
+TEMPLATE_FILES = {
+    "report": "position-study.template.md",
+    "length-encodings": "length-encodings.template.md",
+    # `report --beside`, as scripts/position-study.sh --full runs it
+    "report-full": "position-study-full.template.md",
+}
 
 SIZES = {
     "small": "d_model 128, 4 heads, FFN 512, the variant's own depth",
     "tiny": "d_model 32, 2 heads, FFN 64, 2+2 layers: a pipeline check, not a result",
+    "full": "d_model 256, 4 heads, FFN 1024, the variant's own depth: the shipped models' size",
 }
 
 NAMES = {
@@ -209,11 +219,12 @@ def training_rows(record: str, runs: list[str]) -> list[str]:
 
 
 def copy_plot(study: str, eval_name: str, doc: str, stem: str) -> str | None:
-    """The evaluation's BLEU-by-length plot, copied beside the page; its path from the page."""
+    """The evaluation's BLEU-by-length plot, copied into the folder named after the page (where
+    its record is); its path from the page."""
     src = os.path.join(study, eval_name, "bleu_by_length.png")
     if not os.path.exists(src):
         return None
-    folder = os.path.join(os.path.dirname(doc), "position-study")
+    folder = os.path.splitext(doc)[0]
     os.makedirs(folder, exist_ok=True)
     dst = os.path.join(folder, f"{stem}.png")
     shutil.copyfile(src, dst)
@@ -309,42 +320,99 @@ def section_thirds(t: Template, study: str, thirds_models: list[str], t1: int, t
     return lines + [""]
 
 
+# What findings 1, 2, 3 and 6 compare, on the models trained on short sources: (the model
+# measured against the Transformer, where: "inside" or "last" bucket, or joined verses).
+SHORT_FINDINGS = {
+    1: ("rel-transformer", "last"),
+    2: ("rel-transformer", "inside"),
+    3: ("rel-transformer", 8),
+    6: ("rnn-transformer", "last"),
+}
+
+
+# Each finding's row label in the two-size table.
+SIZES_FINDING_BLOCKS = {1: "sizes-finding-1", 2: "sizes-finding-2", 3: "sizes-finding-3", 6: "sizes-finding-6"}
+
+
+def gru_model(ev: Eval) -> str:
+    """Finding 6's model: the RNN-Transformer where it was trained, else the RR-Transformer
+    (GRU positions under Shaw's relative attention: the full-size study trains only that one)."""
+    return "rnn-transformer" if "rnn-transformer.short" in ev.systems else "rr-transformer"
+
+
+def short_delta(ev: Eval, finding: int) -> tuple[float | None, float | None]:
+    """Finding `finding`'s model minus the Transformer, both trained on short sources, and the
+    paired bootstrap's p."""
+    model, where = SHORT_FINDINGS[finding]
+    if finding == 6:
+        model = gru_model(ev)
+    run, base = f"{model}.short", "transformer.short"
+    if isinstance(where, int):
+        return drop(ev.joined(base, where), ev.joined(run, where)), ev.p_concat(run, where)
+    buckets = ev.buckets()
+    bucket = buckets[0] if where == "inside" else buckets[-1]
+    return drop(ev.bleu(base, bucket), ev.bleu(run, bucket)), ev.p_bucket(run, bucket)
+
+
 def findings_short(t: Template, ev: Eval, cap: int) -> list[str]:
-    """The papers' claims about training on short sources only (numbered 1 to 6)."""
+    """The papers' claims about training on short sources only (numbered 1 to 6; 4 and 5 where
+    their models were trained)."""
     b = ev.buckets()
     inside, last = b[0], b[-1]
     t_in, t_out = ev.bleu("transformer.short", inside), ev.bleu("transformer.short", last)
     r_in, r_out = ev.bleu("rel-transformer.short", inside), ev.bleu("rel-transformer.short", last)
     where = {"cap": cap, "inside": inside, "last": last}
-    out = [
-        tested(
-            t,
-            "finding-1",
-            drop(t_out, r_out),
-            ev.p_bucket("rel-transformer.short", last),
-            t_in=fmt(t_in),
-            t_out=fmt(t_out),
-            r_in=fmt(r_in),
-            r_out=fmt(r_out),
-            **where,
-        )
-    ]
-    d_in = drop(t_in, r_in)
-    p_in = ev.p_bucket("rel-transformer.short", inside)
+    bleus = {"t_in": fmt(t_in), "t_out": fmt(t_out), "r_in": fmt(r_in), "r_out": fmt(r_out)}
+    delta, p = short_delta(ev, 1)
+    out = [tested(t, "finding-1", delta, p, **bleus, **where)]
+    d_in, p_in = short_delta(ev, 2)
     if d_in is None:
         same = t.text("verdict-unmeasured")
     else:
         same = t.text("verdict-unequal" if significant(p_in) else "verdict-equal")
     out.append(t.text("finding-2", delta=fmt(d_in), p=fmt(p_in, 3), verdict=same, **where))
-    joined = drop(ev.joined("transformer.short", 8), ev.joined("rel-transformer.short", 8))
-    out.append(tested(t, "finding-3", joined, ev.p_concat("rel-transformer.short", 8), **where))
-    # The learned model is the one tested against the sinusoidal baseline.
-    learned = drop(ev.bleu("transformer-learned.short", last), t_out)
-    out.append(tested(t, "finding-4", learned, ev.p_bucket("transformer-learned.short", last), **where))
-    out.append(finding_lstm(t, ev, t_out, r_out, where))
-    gru = drop(t_out, ev.bleu("rnn-transformer.short", last))
-    out.append(tested(t, "finding-6", gru, ev.p_bucket("rnn-transformer.short", last), **where))
+    delta, p = short_delta(ev, 3)
+    out.append(tested(t, "finding-3", delta, p, **where))
+    if "transformer-learned.short" in ev.systems:
+        # The learned model is the one tested against the sinusoidal baseline.
+        learned = drop(ev.bleu("transformer-learned.short", last), t_out)
+        out.append(tested(t, "finding-4", learned, ev.p_bucket("transformer-learned.short", last), **where))
+    if "lstm-pe.short" in ev.systems:
+        out.append(finding_lstm(t, ev, t_out, r_out, where))
+    delta, p = short_delta(ev, 6)
+    out.append(tested(t, "finding-6", delta, p, **where))
     return out
+
+
+def section_sizes(t: Template, ev: Eval, small: Eval, models: list[str]) -> list[str]:
+    """The models trained on short sources at both sizes, and each tested finding's verdict at
+    each: did size change it?"""
+    buckets = ev.buckets()
+    lines = t.lines("sizes-intro") + [
+        "",
+        "| model | size | " + " | ".join(f"{b} ({ev.sentences(b)})" for b in buckets) + " | 8 verses |",
+        "| --- | --- | " + " | ".join("---:" for _ in buckets) + " | ---: |",
+    ]
+    for m in models:
+        run = f"{m}.short"
+        for size, e in (("-small", small), ("full", ev)):
+            if run in e.systems:
+                cells = [mark(e.bleu(run, b), e.p_bucket(run, b)) for b in buckets]
+                lines.append(f"| {name(m)} | {size} | " + " | ".join(cells) + f" | {concat_cells(e, run)[2]} |")
+    lines += ["", "| finding | -small | full | verdict changed |", "| --- | --- | --- | --- |"]
+    for finding in SHORT_FINDINGS:
+        cells, verdicts = [], []
+        for e in (small, ev):
+            delta, p = short_delta(e, finding)
+            if finding == 2:
+                said = t.text("verdict-unequal" if significant(p) else "verdict-equal")
+            else:
+                said = verdict(t, delta, p)
+            verdicts.append(said)
+            cells.append(t.text("sizes-cell", model=name(gru_model(e)), delta=fmt(delta), p=fmt(p, 3), verdict=said))
+        changed = t.text("sizes-same" if verdicts[0] == verdicts[1] else "sizes-changed")
+        lines.append(f"| {t.text(SIZES_FINDING_BLOCKS[finding])} | {cells[0]} | {cells[1]} | {changed} |")
+    return lines + [""]
 
 
 def finding_lstm(t: Template, ev: Eval, t_out: float | None, r_out: float | None, where: dict[str, object]) -> str:
@@ -446,7 +514,7 @@ def findings_thirds(t: Template, study: str) -> list[str]:
     Transformer against the Rel-Transformer trained on the same third."""
     evals = {k: ev for k in (1, 2, 3) if (ev := Eval.at(os.path.join(study, f"eval-third{k}"))) is not None}
     cells = thirds_cells(evals)
-    if len(cells) < 3:
+    if not cells:
         longer, measured = t.text("verdict-unmeasured"), "–"
     else:
         listed = [t.text("finding-10-cell", trained=a, tested=b, delta=fmt(d), p=fmt(p, 3)) for a, b, d, p in cells]
@@ -484,6 +552,8 @@ def report(args: argparse.Namespace) -> None:
     ev_short = Eval.at(os.path.join(study, "eval-short"))
     runs = [f"{m}.{c}" for m in args.models for c in ("all", "short")]
     runs += [f"{m}.third{i}" for m in args.thirds_models for i in (1, 2, 3)]
+    # The runs this page's record holds (the full-size tier trains a few of them).
+    runs = [r for r in runs if os.path.exists(os.path.join(args.record, "runs", r, "report.json"))]
     lines = t.lines(
         "intro",
         commit=short_commit(),
@@ -505,6 +575,8 @@ def report(args: argparse.Namespace) -> None:
         rel = copy_plot(study, "eval-short", doc, "bleu-by-length-short")
         if rel:
             lines += t.lines("short-plot", path=rel, cap=args.cap) + [""]
+    if ev_short and args.beside and (small := Eval.at(args.beside)) is not None:
+        lines += section_sizes(t, ev_short, small, args.models)
     lines += section_thirds(t, study, args.thirds_models, t1, t2)
     lines += findings(t, ev_all, ev_short, study, args.cap)
     lines += t.lines("training-intro") + [
@@ -648,6 +720,42 @@ def length_encodings(args: argparse.Namespace) -> None:
     Path(doc).write_text("\n".join(lines), encoding="utf-8")
 
 
+def import_gpu(args: argparse.Namespace) -> None:
+    """A run of `scripts/gpu-train-jobs.sh` (moving-average weights in parts, its trainer
+    state) as the study's record keeps a run: RUN_DIR/last and RUN_DIR/report.json."""
+    from safetensors import safe_open
+
+    from nmt_tools.training import torch_train
+
+    prefix = f"{args.name}.ema-"
+    last = args.out / "last"
+    torch_train.join(argparse.Namespace(parts=args.parts, prefix=prefix, config=args.config, out=last))
+    state = load(args.parts / f"{prefix}{torch_train.STATE_FILE}")
+    with safe_open(str(last / torch_train.WEIGHTS_FILE), framework="np") as weights:
+        parameters = sum(math.prod(weights.get_slice(k).get_shape()) for k in weights.keys())  # noqa: SIM118
+    seconds = float(state["train_seconds"])
+    report = {
+        "state": {
+            "step": state["step"],
+            "epoch": state["epoch"],
+            "train_pairs": state["train_pairs"],
+            "target_tokens_seen": state["target_tokens_seen"],
+            "source_tokens_seen": state["source_tokens_seen"],
+            "train_seconds": seconds,
+            "last_dev_loss": state["dev_loss"],
+            "seed": state["seed"],
+            "trainer": state["trainer"],
+            "weights": f"moving average, decay {state['ema']}",
+            "args": state["args"],
+        },
+        "target_tokens_per_second": state["target_tokens_seen"] / seconds,
+        "source_tokens_per_second": state["source_tokens_seen"] / seconds,
+        "parameters": parameters,
+    }
+    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"{args.name}: step {state['step']}, {parameters:,} parameters -> {args.out}")
+
+
 def terciles(args: argparse.Namespace) -> None:
     from tokenizers import Tokenizer
 
@@ -666,6 +774,11 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("terciles", help="source-length terciles of a file")
     t.add_argument("tokenizer")
     t.add_argument("source")
+    g = sub.add_parser("import-gpu", help="keep a run trained on a GPU as the study keeps its own")
+    g.add_argument("--parts", type=Path, required=True, help="the folder scripts/gpu-train-jobs.sh filled")
+    g.add_argument("--name", required=True, help="the run's name there (its files' prefix)")
+    g.add_argument("--config", type=Path, required=True, help="the config.json it was trained from")
+    g.add_argument("--out", type=Path, required=True, help="the study's folder for the run")
     for command, help_text in (
         ("report", "write the study's Markdown"),
         ("length-encodings", "write Oka et al.'s table of length encodings"),
@@ -686,6 +799,7 @@ def parser() -> argparse.ArgumentParser:
                 "--terciles", type=int, nargs=2, required=True, help="source-length terciles (`terciles` prints them)"
             )
             s.add_argument("--thirds-models", nargs="+", required=True, help="the presets trained on each third")
+            s.add_argument("--beside", help="an evaluation of the same runs at another size (its folder), shown beside")
     return p
 
 
@@ -693,6 +807,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "terciles":
         terciles(args)
+    elif args.command == "import-gpu":
+        import_gpu(args)
     elif args.command == "length-encodings":
         length_encodings(args)
     else:
