@@ -67,7 +67,9 @@ def test_every_tool_is_found() -> None:
         "nmt_tools.studies.length_study",
         "nmt_tools.studies.char_length",
         "nmt_tools.studies.exact_endings",
+        "nmt_tools.studies.length_control",
         "nmt_tools.studies.position_study",
+        "nmt_tools.training.length_bert",
         "nmt_tools.training.torch_train",
         "nmt_tools.training.torch_train_bench",
     }

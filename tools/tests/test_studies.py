@@ -13,7 +13,14 @@ import pytest
 import study_fixture as fx
 from conftest import TESTS
 
-from nmt_tools.studies import char_length, exact_endings, length_generalization, length_study, position_study
+from nmt_tools.studies import (
+    char_length,
+    exact_endings,
+    length_control,
+    length_generalization,
+    length_study,
+    position_study,
+)
 from nmt_tools.studies.template import Template
 
 GOLDEN = TESTS / "golden"
@@ -214,3 +221,69 @@ def test_exact_endings_section_counts_endings_and_keeps_the_characters_section(t
     # Both end in . ! ?, one as its source does ("?" against "."); both chosen rows closed.
     assert "| 100.0% | 50.0% | 100.0% | 2.0 |" in default
     assert "told: 20 closed*, 20" in text
+
+
+def test_predictor_table_reads_each_packages_recorded_evaluation(tmp_path: Path) -> None:
+    """A row per (set, estimate) the manifest records, variance ratios against the source's
+    length, and the predictor graph's cost; sets it did not evaluate are left out."""
+    figures = {
+        "source_length": {
+            "count": 10,
+            "mean_error": -1.0,
+            "error_variance": 20.0,
+            "correlation": 0.9,
+            "mean_absolute_error": 3.0,
+        },
+        "predictor": {
+            "count": 10,
+            "mean_error": 0.5,
+            "error_variance": 8.0,
+            "correlation": 0.95,
+            "mean_absolute_error": 2.0,
+        },
+    }
+    manifest = {
+        "name": "pkg",
+        "length_prediction": {
+            "predictor": {
+                "computes": "subword_table",
+                "training": {"graph_seconds_per_source": 2e-6},
+                "evaluation": {"test": figures},
+            }
+        },
+    }
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "manifest.json").write_text(json.dumps(manifest))
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n")
+    assert length_control.main(["predictors", "--package", str(tmp_path / "pkg"), "--page", str(page)]) == 0
+    text = page.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `pkg`")]
+    assert len(rows) == 2
+    assert "| the predictor (`subword_table`) | +0.50 | 8.00 | 0.40 | 0.950 | 2.00 | 0.0020 |" in rows[1]
+    assert text.startswith("# Page\n") and text.count(length_control.PREDICTORS_BEGIN) == 1
+    length_control.main(["predictors", "--package", str(tmp_path / "pkg"), "--page", str(page)])
+    assert page.read_text() == text
+
+
+def test_throughput_section_sets_each_request_kind_beside_the_first() -> None:
+    def cell(mode: str, clients: int, rate: float) -> dict[str, object]:
+        return {"mode": mode, "clients": clients, "requests_per_second": rate, "tokens_per_second": rate * 30}
+
+    report = {
+        "date": "2026-11-27T00:00:00Z",
+        "verses": 461,
+        "verses_file": "test.en",
+        "nproc": 2,
+        "warmup_seconds": 3.0,
+        "seconds": 20.0,
+        "server_args": [
+            {"mode": "default", "request_fields": {}},
+            {"mode": "isometric", "request_fields": {"target_chars": "source"}},
+        ],
+        "results": [cell("default", 1, 20.0), cell("default", 16, 60.0), cell("isometric", 1, 5.0)],
+        "peak_rss_mib": [["default", 150.0], ["isometric", None]],
+    }
+    text = length_control.throughput_section(report, "models/x")
+    assert '| isometric | `{"target_chars": "source"}` | 5.00 (0.25x) | – | 150 | – | – |' in text
+    assert "| default | `{}` | 20.00 (1.00x) | 60.00 (1.00x) | 600 | 1800 | 150 MiB |" in text

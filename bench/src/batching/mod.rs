@@ -28,6 +28,7 @@ use nmt_testkit::ServerProcess;
 
 use crate::cli::{interrupted, CommonArgs, Durations};
 use crate::load::{cell_bar, client_runtime, http_client, request_bodies, run_cell, Cell};
+use crate::overload::{bodies_with, parse_fields, RequestFields};
 use crate::report::{emit, nproc, shell_join, utc_now};
 use crate::server::{log_paths, server_args, start_ready, warn_without_ort, Fleet, DEFAULT_MODE};
 use crate::{stats, verses};
@@ -53,6 +54,15 @@ pub struct BatchingArgs {
     /// side by side with the others and interleaved like modes. Replaces `--modes`.
     #[arg(long, env = "NMT_BENCH_BUILDS", value_delimiter = ',')]
     pub builds: Vec<String>,
+
+    /// Request kinds to compare instead of batching modes: a file of `NAME JSON` lines, JSON
+    /// being the fields every request of that kind carries beside `text` (e.g. `isometric
+    /// {"target_chars": "source"}`; `{}` for the default request). Each NAME is a mode whose
+    /// server runs `--model-dir` with its default batching, side by side with the others and
+    /// interleaved like modes, so the kinds' throughputs compare on one machine state.
+    /// Replaces `--modes`.
+    #[arg(long, env = "NMT_BENCH_REQUEST_KINDS", conflicts_with = "builds")]
+    pub request_kinds: Option<PathBuf>,
 
     /// The mode the others' throughput is divided by in the ratio table (skipped when it is not
     /// among `--modes`).
@@ -98,6 +108,13 @@ pub fn run(mut args: BatchingArgs) -> Result<bool> {
     if !builds.is_empty() {
         args.modes = builds.iter().map(|b| b.name.clone()).collect();
     }
+    let kinds = match &args.request_kinds {
+        Some(path) => request_kinds(path)?,
+        None => Vec::new(),
+    };
+    if !kinds.is_empty() {
+        args.modes = kinds.iter().map(|k| k.name.clone()).collect();
+    }
     ensure!(!args.modes.is_empty(), "--modes is empty");
     ensure!(
         args.modes.iter().all(|m| !m.trim().is_empty()),
@@ -122,7 +139,15 @@ pub fn run(mut args: BatchingArgs) -> Result<bool> {
     } = args.common.durations(args.seconds, args.warmup_seconds)?;
 
     let verses = verses::load(&args.common.verses)?;
-    let bodies = request_bodies(&verses);
+    // Every mode's request bodies: its kind's fields beside each verse, or the verse alone.
+    let bodies: Vec<Arc<Vec<String>>> = if kinds.is_empty() {
+        vec![request_bodies(&verses); args.modes.len()]
+    } else {
+        kinds
+            .iter()
+            .map(|k| bodies_with(&verses, Some(&k.fields)))
+            .collect()
+    };
     warn_without_ort();
     let extra = args.common.extra_server_args();
     let log_dir = args.common.log_dir()?;
@@ -135,22 +160,34 @@ pub fn run(mut args: BatchingArgs) -> Result<bool> {
     let mut model = None;
     let mut all_ok = true;
     let mut peak_rss = Vec::new();
-    let mode_args: Vec<ModeArgs> = if builds.is_empty() {
-        args.modes
-            .iter()
-            .map(|mode| ModeArgs {
-                mode: mode.clone(),
-                bin: args.common.server_bin.display().to_string(),
-                args: server_args(&args.common.model_dir, mode, &extra),
-            })
-            .collect()
-    } else {
+    let mode_args: Vec<ModeArgs> = if !builds.is_empty() {
         builds
             .iter()
             .map(|b| ModeArgs {
                 mode: b.name.clone(),
                 bin: b.bin.display().to_string(),
                 args: server_args(&b.model_dir, DEFAULT_MODE, &extra),
+                request_fields: None,
+            })
+            .collect()
+    } else if !kinds.is_empty() {
+        kinds
+            .iter()
+            .map(|k| ModeArgs {
+                mode: k.name.clone(),
+                bin: args.common.server_bin.display().to_string(),
+                args: server_args(&args.common.model_dir, DEFAULT_MODE, &extra),
+                request_fields: Some(k.fields.to_json()),
+            })
+            .collect()
+    } else {
+        args.modes
+            .iter()
+            .map(|mode| ModeArgs {
+                mode: mode.clone(),
+                bin: args.common.server_bin.display().to_string(),
+                args: server_args(&args.common.model_dir, mode, &extra),
+                request_fields: None,
             })
             .collect()
     };
@@ -200,7 +237,9 @@ pub fn run(mut args: BatchingArgs) -> Result<bool> {
                     let Some(server) = fleet.servers[i].as_ref() else {
                         continue;
                     };
-                    let outcome = run_mode_cell(&client, server, mode, clients, &cells).await;
+                    let bodies = &cells.bodies[i];
+                    let outcome =
+                        run_mode_cell(&client, server, mode, clients, &cells, bodies).await;
                     match outcome {
                         Ok((summary, m)) => {
                             results.push(summary);
@@ -313,13 +352,48 @@ fn builds(specs: &[String]) -> Result<Vec<Build>> {
         .collect()
 }
 
+/// A `--request-kinds` line.
+struct RequestKind {
+    name: String,
+    fields: RequestFields,
+}
+
+/// `--request-kinds`: `NAME JSON` lines; blank lines and `#` comments skipped.
+fn request_kinds(path: &Path) -> Result<Vec<RequestKind>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--request-kinds: reading {}", path.display()))?;
+    parse_request_kinds(&text).with_context(|| format!("--request-kinds {}", path.display()))
+}
+
+fn parse_request_kinds(text: &str) -> Result<Vec<RequestKind>> {
+    let mut kinds = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, json) = line
+            .split_once(char::is_whitespace)
+            .with_context(|| format!("line {}: not `NAME JSON`", n + 1))?;
+        let fields =
+            parse_fields(json.trim()).map_err(|e| anyhow::anyhow!("line {}: {e}", n + 1))?;
+        kinds.push(RequestKind {
+            name: name.to_string(),
+            fields,
+        });
+    }
+    ensure!(!kinds.is_empty(), "no request kinds");
+    Ok(kinds)
+}
+
 /// The cells every mode runs.
 struct Cells<'a> {
     clients: &'a [usize],
     warmup: Duration,
     measure: Duration,
     request_timeout: Duration,
-    bodies: &'a Arc<Vec<String>>,
+    /// By mode.
+    bodies: &'a [Arc<Vec<String>>],
 }
 
 /// The order in which the modes (by index) run their cells at the `level`-th concurrency
@@ -342,6 +416,7 @@ async fn run_mode_cell(
     mode: &str,
     clients: usize,
     cells: &Cells<'_>,
+    bodies: &Arc<Vec<String>>,
 ) -> Result<(stats::CellSummary, Option<String>)> {
     server.ensure_running("before this cell")?;
     let cell = Cell {
@@ -351,14 +426,7 @@ async fn run_mode_cell(
         request_timeout: cells.request_timeout,
     };
     let bar = cell_bar(mode, clients);
-    let run = run_cell(
-        client,
-        server.base_url(),
-        Arc::clone(cells.bodies),
-        &cell,
-        &bar,
-    )
-    .await;
+    let run = run_cell(client, server.base_url(), Arc::clone(bodies), &cell, &bar).await;
     let s = stats::summarize(mode, clients, &run.samples, run.wall);
     bar.finish_with_message(format!(
         "{} req, {} err, {:.1} tok/s, {:.2} req/s, p50 {} ms, p99 {} ms",
@@ -403,6 +471,23 @@ mod tests {
         for bad in ["a=bin", "=bin@pkg", "a=@pkg", "a=bin@", "bin@pkg"] {
             let err = builds(&[bad.into()]).err().expect(bad).to_string();
             assert!(err.contains("NAME=SERVER_BIN@MODEL_DIR"), "{err}");
+        }
+    }
+
+    #[test]
+    fn request_kinds_name_the_fields_each_request_carries() {
+        let kinds = parse_request_kinds(
+            "# kinds\ndefault {}\n\nisometric {\"target_chars\": \"source\"}\n",
+        )
+        .unwrap();
+        assert_eq!(kinds.len(), 2);
+        assert_eq!(kinds[0].fields.body("v".into()), r#"{"text":"v"}"#);
+        assert_eq!(
+            kinds[1].fields.body("v".into()),
+            r#"{"target_chars":"source","text":"v"}"#
+        );
+        for bad in ["lonely", "a [1]", r#"a {"text": "x"}"#, "# only a comment"] {
+            assert!(parse_request_kinds(bad).is_err(), "{bad}");
         }
     }
 

@@ -48,6 +48,9 @@ pub struct ModeArgs {
     /// The server executable.
     pub bin: String,
     pub args: Vec<String>,
+    /// The fields every request of this mode carries beside `text` (`--request-kinds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_fields: Option<serde_json::Value>,
 }
 
 /// `mode` throughput over `baseline` throughput at `clients`.
@@ -192,13 +195,19 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(s, "- date: {}", report.date);
     let _ = writeln!(s, "- command: `{}`", report.command_line);
     for m in &report.server_args {
-        let _ = writeln!(
+        let _ = write!(
             s,
             "- server, mode `{}`: `{} {}`",
             m.mode,
             m.bin,
             shell_join(&m.args)
         );
+        match &m.request_fields {
+            Some(fields) => {
+                let _ = writeln!(s, "; every request `{fields}` beside `text`");
+            }
+            None => s.push('\n'),
+        }
     }
     let _ = writeln!(
         s,
@@ -283,6 +292,7 @@ mod tests {
             mode: m.to_string(),
             bin: "nmt-server".into(),
             args: vec!["--batching".to_string(), m.to_string()],
+            request_fields: None,
         };
         let mut report = Report {
             date: utc_string(0),
