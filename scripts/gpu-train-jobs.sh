@@ -10,13 +10,15 @@
 #
 # JOBS_FILE: one run per line, `NAME DATA CONFIG FLAGS...` (DATA and CONFIG as gpu-train.sh
 # reads them, relative to the repository; FLAGS are torch_train's); `#` starts a comment.
-# Each run stops at MINUTES or at its own --max-steps, whichever comes first. Back here, per
-# run: python3 -m nmt_tools.training.torch_train join --parts OUT --prefix NAME.ema- ...
-# after `tar -xf OUT/meta.tar -C OUT`.
+# Each run stops at MINUTES or at its own --max-steps, whichever comes first. KINDS says which
+# weights come back (default ema; `best` with torch_train's --eval-steps: the moving average at
+# its lowest dev loss). Back here, per run: python3 -m nmt_tools.training.torch_train join
+# --parts OUT --prefix NAME.ema- ... after `tar -xf OUT/meta.tar -C OUT`.
 set -uo pipefail
 JOBS=$(realpath "${1:?file of runs, one per line: NAME DATA CONFIG FLAGS...}")
 OUT=$(realpath "${OUT:?folder for the results}")
 MINUTES=${MINUTES:-7.5}
+KINDS=${KINDS:-ema}
 cd "$(dirname "$0")/.."
 pids=()
 names=()
@@ -24,7 +26,7 @@ while read -r name data config flags; do
     case "$name" in "" | "#"*) continue ;; esac
     # Two threads each: the CPU side of every run is its batching and the optimizer's bookkeeping.
     # shellcheck disable=SC2086 # FLAGS are words
-    DATA=$data CONFIG=$config OUT=$OUT PREFIX=$name. KINDS=ema CHECKPOINTS=/tmp/checkpoints/$name \
+    DATA=$data CONFIG=$config OUT=$OUT PREFIX=$name. KINDS=$KINDS CHECKPOINTS=/tmp/checkpoints/$name \
         MINUTES=$MINUTES OMP_NUM_THREADS=2 bash scripts/gpu-train.sh $flags > /dev/null 2>&1 &
     pids+=($!)
     names+=("$name")

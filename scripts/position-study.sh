@@ -37,7 +37,8 @@
 # Transformer, the Rel-Transformer and the RR-Transformer on sources of at most STUDY_CAP
 # subwords, and the first two on the shortest third, each imported from the folder
 # scripts/gpu-train-jobs.sh filled (STUDY_GPU_PARTS, required; its job file:
-# docs/experiments/position-study-full/gpu-jobs.txt). Writes
+# docs/experiments/position-study-full/gpu-jobs.txt; STUDY_GPU_KIND=best imports the runs'
+# best points, trained with --eval-steps and brought back with KINDS=best). Writes
 # docs/experiments/position-study-full.md, with the -small results beside it.
 set -euo pipefail
 # Braces: bash reads the whole script before running it, so the script can be edited while a
@@ -67,6 +68,7 @@ elif [ $tier = full ]; then
   doc=${STUDY_DOC:-docs/experiments/position-study-full.md}
   record=${STUDY_RECORD:-docs/experiments/position-study-full}
   gpu_parts=${STUDY_GPU_PARTS:-}
+  gpu_kind=${STUDY_GPU_KIND:-ema}
 else
   dir=${STUDY_DIR:-runs/position-study}
   steps=${STUDY_STEPS:-1500}
@@ -172,7 +174,7 @@ train_one() { # NAME PRESET FLAGS...
     $bin/nmt-train train --preset "$preset" --out "$dir/config/$name" --max-steps 0 \
       --tokenizer data/tokenizer.json --quiet > /dev/null
     python3 -m nmt_tools.studies.position_study import-gpu --parts "$gpu_parts" --name "$name" \
-      --config "$dir/config/$name/last/config.json" --out "$out" >&2
+      --config "$dir/config/$name/last/config.json" --out "$out" --kind "$gpu_kind" >&2
     budget_spent "$out/report.json" || echo "position-study: $name stopped short of $steps steps" >&2
   elif ! budget_spent "$out/report.json"; then
     echo "position-study: training $name ($preset $*)" >&2
@@ -206,7 +208,7 @@ train_one() { # NAME PRESET FLAGS...
 }
 LENGTH_RUNS=$(printf '%s.all ' "${LENGTH_MODELS[@]}")
 export -f train_one recorded budget_spent asks_of
-export dir steps bin record limit_flags LENGTH_RUNS PREDICTOR_FROM tier gpu_parts
+export dir steps bin record limit_flags LENGTH_RUNS PREDICTOR_FROM tier gpu_parts gpu_kind
 
 if [ -z "${STUDY_REPORT_ONLY:-}" ]; then
   # STUDY_ONLY's order is the training order, so a session can put first what it needs first.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nmt_tools.training.torch_train import (
@@ -82,3 +83,42 @@ def test_schedule_and_flags_match_nmt_train() -> None:
     assert abs(learning_rate(400, 1e-3, 100) - 5e-4) < 1e-12
     assert learning_rate(50, 1e-3, 100) == 5e-4
     assert parse_oversample("bible/=6") == ("bible/", 6)
+
+
+def test_eval_steps_keep_the_moving_averages_best_point(tmp_path: Path) -> None:
+    """`--eval-steps`: the moving average's dev loss every N updates, its lowest written to
+    OUT/best as a checkpoint with that loss (CPU, a tiny model; skipped where torch is absent)."""
+    import json
+
+    import pytest
+
+    pytest.importorskip("torch")
+    from nmt_tools.paths import repo_root
+    from nmt_tools.training import torch_train
+
+    lines = [
+        json.dumps({"origin": "t", "source": f"file {i} saved", "target": f"archivo {i} guardado"}) for i in range(40)
+    ]
+    (tmp_path / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    config = {
+        "preset": "transformer-tiny", "architecture": "transformer", "vocab_size": 12000, "d_model": 16,
+        "num_heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0, "norm": "pre",
+        "absolute_position": "sinusoidal", "max_positions": 64, "relative_attention": "none", "relative_clip": 0,
+        "recurrent_position": "none", "recurrent_dim": 0, "length_encoding": "none", "length_noise": 0,
+        "layer_norm_eps": 1e-5,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    argv = ["train", "--pairs", str(tmp_path / "pairs.jsonl"), "--dev", str(tmp_path / "pairs.jsonl")]
+    argv += [
+        "--tokenizer",
+        str(repo_root() / "models/en-es-l10n/tokenizer.json"),
+        "--config",
+        str(tmp_path / "config.json"),
+    ]
+    argv += ["--out", str(tmp_path / "out"), "--device", "cpu", "--max-steps", "6", "--eval-steps", "2"]
+    torch_train.main([*argv, "--batch-tokens", "200", "--lr", "1e-2", "--warmup-steps", "1"])
+    best = json.loads((tmp_path / "out" / "best" / "trainer_state.json").read_text())
+    assert best["step"] in (2, 4, 6) and best["dev_loss"] > 0
+    # The last evaluation was at the last step, so the best is at most the final average's loss.
+    ema = json.loads((tmp_path / "out" / "ema" / "trainer_state.json").read_text())
+    assert ema["step"] == 6 and best["dev_loss"] <= ema["dev_loss"] + 1e-6

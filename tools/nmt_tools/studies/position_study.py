@@ -727,7 +727,7 @@ def import_gpu(args: argparse.Namespace) -> None:
 
     from nmt_tools.training import torch_train
 
-    prefix = f"{args.name}.ema-"
+    prefix = f"{args.name}.{args.kind}-"
     last = args.out / "last"
     torch_train.join(argparse.Namespace(parts=args.parts, prefix=prefix, config=args.config, out=last))
     state = load(args.parts / f"{prefix}{torch_train.STATE_FILE}")
@@ -745,7 +745,8 @@ def import_gpu(args: argparse.Namespace) -> None:
             "last_dev_loss": state["dev_loss"],
             "seed": state["seed"],
             "trainer": state["trainer"],
-            "weights": f"moving average, decay {state['ema']}",
+            "weights": f"moving average, decay {state['ema']}"
+            + (", at its lowest dev loss" if args.kind == "best" else ""),
             "args": state["args"],
         },
         "target_tokens_per_second": state["target_tokens_seen"] / seconds,
@@ -779,6 +780,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--name", required=True, help="the run's name there (its files' prefix)")
     g.add_argument("--config", type=Path, required=True, help="the config.json it was trained from")
     g.add_argument("--out", type=Path, required=True, help="the study's folder for the run")
+    g.add_argument(
+        "--kind",
+        default="ema",
+        choices=["ema", "best"],
+        help="which weights: the last moving average, or its best point",
+    )
     for command, help_text in (
         ("report", "write the study's Markdown"),
         ("length-encodings", "write Oka et al.'s table of length encodings"),

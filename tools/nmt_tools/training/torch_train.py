@@ -270,6 +270,7 @@ class Trainer:
             "source_tokens_seen": 0,
             "seed": args.seed,
         }
+        self.best_dev_loss = math.inf
 
     def autocast(self) -> Any:  # noqa: ANN401
         import torch
@@ -310,14 +311,31 @@ class Trainer:
         self.state["source_tokens_seen"] += sum(len(e.source) for e in rows)
         return loss, lr
 
+    def averaged(self) -> Any:  # noqa: ANN401
+        """A model holding the moving average of the weights."""
+        model = build_model(self.config).to(self.device)
+        model.load_state_dict(dict(zip(self.model.state_dict().keys(), self.ema, strict=True)))
+        return model
+
+    def keep_best(self, dev: Sequence[Example], train_seconds: float) -> float:
+        """The moving average's dev loss now; written to OUT/best when it is the lowest yet, so
+        that a run past its data's worth (many passes over little data) keeps its best point."""
+        args = self.args
+        averaged = self.averaged()
+        loss = dev_loss(averaged, dev, args.batch_tokens, self.device, self.autocast)
+        if loss < self.best_dev_loss:
+            self.best_dev_loss = loss
+            state = {**self.state, "train_seconds": train_seconds, "dev_loss": loss, "ema": args.ema}
+            save_checkpoint(averaged, self.config, state, args.out / "best", half=args.ema_half)
+        return loss
+
     def finish(self, dev: Sequence[Example], train_seconds: float) -> None:
         """Writes OUT/last and OUT/ema, each with its dev loss."""
         args = self.args
         self.state["train_seconds"] = train_seconds
         self.state["dev_loss"] = dev_loss(self.model, dev, args.batch_tokens, self.device, self.autocast)
         save_checkpoint(self.model, self.config, self.state, args.out / "last")
-        averaged = build_model(self.config).to(self.device)
-        averaged.load_state_dict(dict(zip(self.model.state_dict().keys(), self.ema, strict=True)))
+        averaged = self.averaged()
         ema_loss = dev_loss(averaged, dev, args.batch_tokens, self.device, self.autocast)
         ema_state = {**self.state, "dev_loss": ema_loss, "ema": args.ema}
         save_checkpoint(averaged, self.config, ema_state, args.out / "ema", half=args.ema_half)
@@ -362,6 +380,9 @@ def train(args: argparse.Namespace) -> None:
         if now - last_save > args.save_minutes * 60:
             save_checkpoint(trainer.model, config, trainer.state, args.out / "last")
             last_save = now
+        if args.eval_steps and trainer.state["step"] % args.eval_steps == 0:
+            loss = trainer.keep_best(dev, now - train_started)
+            print(f"step {trainer.state['step']} dev nll (moving average) {loss:.4f}", flush=True)
     trainer.finish(dev, time.monotonic() - train_started)
 
 
@@ -457,6 +478,12 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--min-source-len", type=int, help="train only on sources of at least N subwords")
     run.add_argument("--max-source-len", type=int, help="train only on sources of at most N subwords")
     run.add_argument("--ema", type=float, default=0.999, help="decay of the weights' moving average")
+    run.add_argument(
+        "--eval-steps",
+        type=int,
+        default=0,
+        help="every N updates, the moving average's dev loss; the lowest yet is written to OUT/best (0: never)",
+    )
     run.add_argument("--ema-half", action="store_true", help="write OUT/ema in float16 (half the bytes)")
     run.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU)")
     run.add_argument("--device", default="cuda", help="torch device")
