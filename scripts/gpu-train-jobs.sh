@@ -2,9 +2,9 @@
 # Several trainings at once on one lent GPU (scripts/gpu-train.sh each). The shipped shape is
 # small enough that one run leaves the GPU waiting on Python between kernels, so runs side by
 # side cost little more wall-clock time than one, and a lease of minutes serves several
-# issues. Only the moving averages come back (the weights the packages are made from), and
-# the logs and trainer states are packed into one archive: the device tool returns at most 8
-# files.
+# issues. Only the weights named in KINDS come back (by default the moving averages, the
+# weights the packages are made from), and the logs and trainer states are packed into one
+# archive: the device tool returns at most 8 files.
 #
 #   OUT=/tmp/out MINUTES=8.5 scripts/gpu-train-jobs.sh JOBS_FILE
 #

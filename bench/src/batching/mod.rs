@@ -207,7 +207,6 @@ pub fn run(mut args: BatchingArgs) -> Result<bool> {
         warmup,
         measure,
         request_timeout,
-        bodies: &bodies,
     };
     let interrupted_run = runtime.block_on(async {
         let bench = async {
@@ -237,9 +236,8 @@ pub fn run(mut args: BatchingArgs) -> Result<bool> {
                     let Some(server) = fleet.servers[i].as_ref() else {
                         continue;
                     };
-                    let bodies = &cells.bodies[i];
                     let outcome =
-                        run_mode_cell(&client, server, mode, clients, &cells, bodies).await;
+                        run_mode_cell(&client, server, mode, clients, &cells, &bodies[i]).await;
                     match outcome {
                         Ok((summary, m)) => {
                             results.push(summary);
@@ -392,8 +390,6 @@ struct Cells<'a> {
     warmup: Duration,
     measure: Duration,
     request_timeout: Duration,
-    /// By mode.
-    bodies: &'a [Arc<Vec<String>>],
 }
 
 /// The order in which the modes (by index) run their cells at the `level`-th concurrency

@@ -97,7 +97,7 @@ def throughput_section(report: Json, package: str) -> str:
     kinds = [m["mode"] for m in report["server_args"]]
     fields = {m["mode"]: m.get("request_fields") for m in report["server_args"]}
     levels = sorted({r["clients"] for r in report["results"]})
-    rss = dict((name, mib) for name, mib in report.get("peak_rss_mib", []))
+    rss = dict(report.get("peak_rss_mib", []))
     base = kinds[0]
     header = "| request | fields | " + " | ".join(f"{c} client{'s' * (c > 1)}: sentences/s (× first)" for c in levels)
     header += " | " + " | ".join(f"{c}: subwords/s" for c in levels) + " | peak RSS |"
