@@ -31,10 +31,12 @@ struct Sample {
     run: String,
 }
 
-/// A source of `length` token ids, EOS last: ordinary ids, so that nothing is special-cased.
-fn source(length: usize, eos: i64) -> Vec<i64> {
+/// Source `row` of `length` token ids, EOS last: ordinary ids, so that nothing is
+/// special-cased, and different for every row: the backend encodes a source repeated in a
+/// batch once (a character goal's candidate rows), so identical rows would time one text.
+fn source(row: usize, length: usize, eos: i64) -> Vec<i64> {
     let mut ids: Vec<i64> = (0..length.saturating_sub(1))
-        .map(|i| 10 + (i as i64 * 7) % 500)
+        .map(|i| 10 + (i as i64 * 7 + row as i64 * 13) % 500)
         .collect();
     ids.push(eos);
     ids
@@ -49,7 +51,7 @@ fn decoder_samples(
     (rows, length, positions): (usize, usize, usize),
     samples: &mut Vec<Sample>,
 ) -> Result<()> {
-    let sources: Vec<Vec<i64>> = (0..rows).map(|_| source(length, eos)).collect();
+    let sources: Vec<Vec<i64>> = (0..rows).map(|row| source(row, length, eos)).collect();
     let refs: Vec<&[i64]> = sources.iter().map(Vec::as_slice).collect();
     let mut batch = <OrtBackend as Backend>::Rows::default();
     let encoded = backend.encode(&refs)?;
@@ -82,7 +84,7 @@ fn encoder_samples(
     (texts, length, repeats): (usize, usize, usize),
     samples: &mut Vec<Sample>,
 ) -> Result<()> {
-    let sources: Vec<Vec<i64>> = (0..texts).map(|_| source(length, eos)).collect();
+    let sources: Vec<Vec<i64>> = (0..texts).map(|row| source(row, length, eos)).collect();
     let refs: Vec<&[i64]> = sources.iter().map(Vec::as_slice).collect();
     backend.encode(&refs)?;
     for _ in 0..repeats {

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Context};
 use model_package::{files, names, Manifest};
@@ -236,7 +236,12 @@ fn port(outlet: &Outlet) -> Port {
 
 /// Encoder and decoder sessions of one package.
 pub struct OrtBackend {
-    encoder: Session,
+    /// Shared by the package's model workers ([`OrtBackend::load_workers`]): a session holds
+    /// its own copy of the weights, and a worker encodes only as requests join (about a
+    /// quarter of its time under 64 clients), so two workers sharing one encoder seldom wait
+    /// for it. ONNX Runtime may run one session from several threads, but `ort`'s `run`
+    /// takes it mutably, so the workers take turns.
+    encoder: Arc<Mutex<Session>>,
     decoder: Session,
     layout: Layout,
     pad_id: i64,
@@ -276,6 +281,21 @@ impl OrtBackend {
         manifest: &Manifest,
         options: &SessionOptions,
     ) -> anyhow::Result<Self> {
+        let mut backends = Self::load_workers(env, dir, manifest, options, 1)?;
+        Ok(backends.remove(0))
+    }
+
+    /// The backends of `workers` model workers of one package: one encoder session shared
+    /// by all, a decoder session each (the running batch's steps, most of a worker's time).
+    /// Two workers under 64 clients peaked at 294 MiB against 320 with an encoder each, at
+    /// the same speed within the runs' spread (`docs/benchmarks/ctranslate2-gap.md`).
+    pub fn load_workers(
+        env: &Environment,
+        dir: &Path,
+        manifest: &Manifest,
+        options: &SessionOptions,
+        workers: usize,
+    ) -> anyhow::Result<Vec<Self>> {
         let open = |file: &str, memory: CpuMemory| -> anyhow::Result<(Session, &'static str)> {
             let (mut builder, execution_provider) = session_builder(env, options, memory)?;
             let path = dir.join(file);
@@ -285,31 +305,39 @@ impl OrtBackend {
             Ok((session, execution_provider))
         };
         let (encoder, _) = open(files::ENCODER, CpuMemory::PerRun)?;
-        let (decoder, execution_provider) = open(files::DECODER, CpuMemory::Arena)?;
         let ports = |outlets: &[Outlet]| outlets.iter().map(port).collect::<Vec<_>>();
-        let layout = check_contract(
-            manifest,
-            &ports(encoder.inputs()),
-            &ports(encoder.outputs()),
-            &ports(decoder.inputs()),
-            &ports(decoder.outputs()),
-        )
-        .with_context(|| format!("model package {}", dir.display()))?;
-        warn_of_saturating_int8(manifest, execution_provider);
+        let (encoder_inputs, encoder_outputs) = (ports(encoder.inputs()), ports(encoder.outputs()));
+        let encoder = Arc::new(Mutex::new(encoder));
+        let mut backends = Vec::with_capacity(workers);
+        for _ in 0..workers.max(1) {
+            let (decoder, execution_provider) = open(files::DECODER, CpuMemory::Arena)?;
+            let layout = check_contract(
+                manifest,
+                &encoder_inputs,
+                &encoder_outputs,
+                &ports(decoder.inputs()),
+                &ports(decoder.outputs()),
+            )
+            .with_context(|| format!("model package {}", dir.display()))?;
+            backends.push(OrtBackend {
+                encoder: Arc::clone(&encoder),
+                decoder,
+                layout,
+                pad_id: manifest.pad_id.into(),
+                execution_provider,
+            });
+        }
+        let first = &backends[0];
+        warn_of_saturating_int8(manifest, first.execution_provider);
         tracing::info!(
             intra_op_threads = options.intra_op_threads.max(1),
-            execution_provider,
-            memory = ?layout.memory,
-            states = ?layout.states.iter().map(|s| s.spec.name.as_str()).collect::<Vec<_>>(),
-            "opened encoder and decoder"
+            execution_provider = first.execution_provider,
+            workers = backends.len(),
+            memory = ?first.layout.memory,
+            states = ?first.layout.states.iter().map(|s| s.spec.name.as_str()).collect::<Vec<_>>(),
+            "opened the encoder and a decoder per worker"
         );
-        Ok(OrtBackend {
-            encoder,
-            decoder,
-            layout,
-            pad_id: manifest.pad_id.into(),
-            execution_provider,
-        })
+        Ok(backends)
     }
 
     /// "CUDA" or "CPU": what the sessions actually run on.
@@ -350,8 +378,10 @@ impl OrtBackend {
         ids: Tensor<i64>,
         mask: Tensor<f32>,
     ) -> Result<Vec<ndarray::ArrayD<f32>>, BackendError> {
-        let outputs = self
-            .encoder
+        let mut encoder = self.encoder.lock().map_err(|_| {
+            BackendError::Inference("another worker panicked in the encoder".into())
+        })?;
+        let outputs = encoder
             .run(ort::inputs! {
                 names::SOURCE_IDS => ids,
                 names::SOURCE_MASK => mask,

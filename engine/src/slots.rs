@@ -12,6 +12,12 @@ pub struct SlotBuffer {
     data: ArrayD<f32>,
 }
 
+/// Slots are added this many at a time. Doubling the slot axis (as a `Vec` grows) left a
+/// batch capped at 32 rows holding caches for up to 64 once it had grown past 17 (a buffer
+/// keeps its room between requests), about 10 MiB a worker at 64 clients; in eights, a
+/// batch of 32 grows its buffers at most four times in the server's life.
+const SLOT_GRANULE: usize = 8;
+
 /// How much room a cache's time axis gets when it must grow: a quarter more than needed,
 /// rounded up to this many columns, so a cache is copied once every several steps rather
 /// than every step, and the decoder reads at most a quarter of padding.
@@ -35,15 +41,15 @@ impl SlotBuffer {
         self.data.shape()
     }
 
-    /// Makes room for `slots` slots and for rows of `row_shape`: the slot axis at least
-    /// doubles when it grows (rows join one request at a time), every other axis grows to
-    /// exactly what is asked. What the buffer holds is kept.
+    /// Makes room for `slots` slots and for rows of `row_shape`: the slot axis grows to a
+    /// multiple of [`SLOT_GRANULE`], every other axis to exactly what is asked. What the
+    /// buffer holds is kept.
     pub fn reserve(&mut self, slots: usize, row_shape: &[usize]) {
         let capacity = self.data.shape();
         debug_assert_eq!(row_shape.len() + 1, capacity.len());
         let mut shape = capacity.to_vec();
         if slots > shape[0] {
-            shape[0] = slots.max(2 * shape[0]);
+            shape[0] = slots.next_multiple_of(SLOT_GRANULE);
         }
         for (room, &needed) in shape[1..].iter_mut().zip(row_shape) {
             *room = (*room).max(needed);
@@ -136,9 +142,11 @@ mod tests {
         buffer.write_row(0, &array![1.0, 2.0].into_dyn().view());
         buffer.write_row(1, &array![3.0].into_dyn().view());
         assert_eq!(buffer.view(2), array![[1.0, 2.0], [3.0, 0.0]].into_dyn());
-        // A third, longer row: more slots (doubled) and more room, the old rows kept.
+        // A third, longer row: room for it (slots come in eights), the old rows kept.
         buffer.reserve(3, &[3]);
-        assert_eq!(buffer.capacity(), &[4, 3]);
+        assert_eq!(buffer.capacity(), &[8, 3]);
+        buffer.reserve(9, &[3]);
+        assert_eq!(buffer.capacity(), &[16, 3]);
         buffer.write_row(2, &array![4.0, 5.0, 6.0].into_dyn().view());
         assert_eq!(
             buffer.view(3),
@@ -176,7 +184,7 @@ mod tests {
             buffer.view(2).slice_axis(Axis(0), Slice::from(1..2))
         );
         buffer.set_room(1, 1);
-        assert_eq!(buffer.capacity(), &[2, 2, 1, 1]);
+        assert_eq!(buffer.capacity(), &[8, 2, 1, 1]);
         assert_eq!(
             buffer.view(1).iter().copied().collect::<Vec<_>>(),
             vec![1.0, -1.0]

@@ -109,9 +109,13 @@ fn load_model(
         intra_op_threads: args.intra_op_threads,
         device: args.device,
     };
-    let backends = (0..args.model_workers)
-        .map(|_| OrtBackend::load(env, &package.dir, manifest, &options))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let backends = OrtBackend::load_workers(
+        env,
+        &package.dir,
+        manifest,
+        &options,
+        usize::from(args.model_workers),
+    )?;
     let length = LengthModel::load(env, &package.dir, manifest, &options)?;
     let execution_provider = backends[0].execution_provider();
     let special = SpecialIds {

@@ -65,6 +65,7 @@ def test_every_tool_is_found() -> None:
         "nmt_tools.marian.train",
         "nmt_tools.studies.length_generalization",
         "nmt_tools.studies.length_study",
+        "nmt_tools.studies.candidate_choice",
         "nmt_tools.studies.char_length",
         "nmt_tools.studies.exact_endings",
         "nmt_tools.studies.length_control",

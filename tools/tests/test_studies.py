@@ -14,6 +14,7 @@ import study_fixture as fx
 from conftest import TESTS
 
 from nmt_tools.studies import (
+    candidate_choice,
     char_length,
     exact_endings,
     length_control,
@@ -191,6 +192,39 @@ def write_char_run(folder: Path, texts: list[str], cut: bool, candidates: bool =
             ]
         translations.append(t)
     (folder / "p" / "decoded.json").write_text(json.dumps({"decoded": {"translations": translations}}))
+
+
+def test_candidate_choice_rescores_recorded_candidates_by_each_rule(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "dev.en").write_text("In the beginning God created the heaven.\nJesus wept.\n")
+    (corpus / "dev.es").write_text("En el principio creó Dios los cielos.\nY lloró Jesús.\n")
+    references = ["En el principio creó Dios los cielos.", "Y lloró Jesús."]
+    write_char_run(tmp_path / "default", references, False, False)
+    write_char_run(tmp_path / "isometric", ["En el principio hizo Dios el cielo.", references[1]], False)
+    decoded = tmp_path / "isometric" / "p" / "decoded.json"
+    runs = json.loads(decoded.read_text())
+    first = runs["decoded"]["translations"][0]
+    # Mean log-probability -0.2 over 10 subwords beats -0.3 over 5 (the server's rule), but the
+    # summed -1.5 beats -2.0 when length is not normalized (a = 0); the second text has no
+    # compliant candidate that ended and keeps what the server returned.
+    first["candidates"] = [
+        {"text": "En el principio hizo Dios el cielo.", "score": -0.2, "output_tokens": 10},
+        {"text": references[0], "score": -0.3, "output_tokens": 5},
+    ]
+    for c in first["candidates"]:
+        c.update(complies=True, ended=True)
+    runs["decoded"]["translations"][1]["candidates"] = [
+        {"text": "Lloró.", "score": -0.1, "output_tokens": 2, "complies": True, "ended": False}
+    ]
+    decoded.write_text(json.dumps(runs))
+    table = candidate_choice.table(tmp_path, corpus, "dev")
+    bleu = {line.split(" | ")[0][2:]: float(line.split(" | ")[1]) for line in table.splitlines()[4:]}
+    served = bleu["as served (mean log-probability; no repeated phrase first)"]
+    assert bleu["the default request (no length asked)"] == 100.0
+    assert served < 100.0 and bleu["summed log-probability / length^1"] == served
+    assert bleu["summed log-probability / length^0"] == 100.0
+    assert bleu["the default request's translation where it complies"] == 100.0
 
 
 def test_exact_endings_section_counts_endings_and_keeps_the_characters_section(tmp_path: Path) -> None:

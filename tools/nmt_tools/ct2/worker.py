@@ -172,6 +172,21 @@ def write_lines(path: str, texts: list[str]) -> None:
             f.write(t.replace("\n", " ").replace("\r", " ") + "\n")
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory since it was started, in MiB: `VmHWM`, as
+    nmt-bench-worker reads it for this side. Not `ru_maxrss`, which Linux carries across `exec`
+    from the forked parent: a worker started by compare right after it converted the model
+    reported the converter's 618 MiB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    # Elsewhere, ru_maxrss (KiB on Linux, bytes on macOS; the fallback is rough).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def pass_answer(results: list[Outcome], seconds: float) -> dict[str, Any]:
     """What a pass reports, as nmt-bench-worker reports it; the peak resident memory is this
     whole process's, the Python interpreter and tokenizer included."""
@@ -182,8 +197,7 @@ def pass_answer(results: list[Outcome], seconds: float) -> dict[str, Any]:
         "seconds": seconds,
         "errors": refused,
         "hit_budget": sum(r.hit_budget for r in results),
-        # Linux reports ru_maxrss in KiB.
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": peak_rss_mib(),
     }
     if refused:
         answer["error"] = f"{refused} inputs refused"
