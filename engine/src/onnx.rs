@@ -287,8 +287,8 @@ impl OrtBackend {
 
     /// The backends of `workers` model workers of one package: one encoder session shared
     /// by all, a decoder session each (the running batch's steps, most of a worker's time).
-    /// Two workers under 64 clients peaked at 294 MiB against 320 with an encoder each, at
-    /// the same speed within the runs' spread (`docs/benchmarks/ctranslate2-gap.md`).
+    /// Two workers under 64 clients peaked at 282-301 MiB against 314-319 with an encoder
+    /// each, at 2-4% less throughput (`docs/benchmarks/ctranslate2-gap.md`).
     pub fn load_workers(
         env: &Environment,
         dir: &Path,

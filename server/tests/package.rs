@@ -149,6 +149,54 @@ fn a_source_repeated_in_a_batch_is_encoded_once_and_placed_alike() {
 }
 
 #[test]
+fn workers_sharing_one_encoder_decode_at_once_as_a_lone_backend_does() {
+    use nmt_engine::decode::{greedy_decode, DecodeInput, SpecialIds};
+    let env = onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    let package = package();
+    let workers = OrtBackend::load_workers(
+        &env,
+        &package.dir,
+        &package.manifest,
+        &SessionOptions::default(),
+        2,
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(workers.len(), 2);
+    let special = SpecialIds {
+        bos: package.manifest.bos_id,
+        eos: package.manifest.eos_id,
+    };
+    let inputs: Vec<DecodeInput> = SENTENCES
+        .iter()
+        .map(|s| DecodeInput::new(source_ids(s), 40))
+        .collect();
+    let ids = |outputs: Vec<nmt_engine::decode::DecodeOutput>| -> Vec<Vec<u32>> {
+        outputs.into_iter().map(|o| o.ids).collect()
+    };
+    let alone = ids(greedy_decode(&mut backend(), special, &inputs).unwrap());
+    // Both workers encode and step on their own threads at once, many times, so their turns
+    // at the shared encoder interleave with each other's decoder steps.
+    let together: Vec<Vec<Vec<u32>>> = std::thread::scope(|scope| {
+        let runs: Vec<_> = workers
+            .into_iter()
+            .map(|mut worker| {
+                let inputs = &inputs;
+                scope.spawn(move || {
+                    (0..5)
+                        .map(|_| ids(greedy_decode(&mut worker, special, inputs).unwrap()))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        runs.into_iter().flat_map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(together.len(), 10);
+    for run in &together {
+        assert_eq!(run, &alone);
+    }
+}
+
+#[test]
 fn first_step_runs_from_empty_state() {
     let mut backend = backend();
     let manifest = &package().manifest;
