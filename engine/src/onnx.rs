@@ -134,8 +134,9 @@ pub enum Device {
 /// How the sessions run.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
-    /// Threads one operator may use. 1 is fastest on small machines: waking a second thread
-    /// across two virtual cores costs more than a small step saves (docs/serving.md).
+    /// Threads one operator may use. 1 leaves the other cores to HTTP and to other workers;
+    /// on 2 cores, 2 made one float32 stream 1.4x faster (not int8's: its one-row products
+    /// do not split well) once only the decoder's pool spins ([`RunPattern`]).
     pub intra_op_threads: usize,
     pub device: Device,
 }
@@ -149,23 +150,29 @@ impl Default for SessionOptions {
     }
 }
 
-/// Where a session's CPU tensors come from.
+/// How a graph is run, which decides where its CPU tensors come from and whether its
+/// intra-op threads spin between runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CpuMemory {
-    /// ONNX Runtime's arena: fastest for many small runs (decoder steps), but it keeps its
-    /// peak for the life of the session.
-    Arena,
-    /// The C allocator, run by run: for graphs run once per sentence over the whole source
-    /// (encoder, length predictor), whose peak grows with the longest input ever seen and
-    /// should go back to the system when that input is done (docs/serving.md, "Memory").
-    PerRun,
+pub(crate) enum RunPattern {
+    /// Run back to back (decoder steps): ONNX Runtime's arena, fastest for many small runs
+    /// but keeping its peak for the life of the session; and, with more than one intra-op
+    /// thread, a pool that spins between runs, ready for the next step.
+    Steps,
+    /// Run once per text over the whole source (encoder, length predictor): the C allocator,
+    /// run by run, so that the peak a long input needed goes back to the system when it is
+    /// done (docs/serving.md, "Memory"); and a pool that sleeps as soon as a run ends. A
+    /// spinning encoder pool held the second core against the decoder's: with two intra-op
+    /// threads a decoder step at one row took 1,150-1,190 µs, as with one thread, and
+    /// 730-760 µs once the encoder's pool stopped spinning (1,149-1,166 target subwords/s
+    /// against 800-819 with one thread; `docs/benchmarks/ctranslate2-gap.md`).
+    OncePerText,
 }
 
 /// A session builder with the options applied, and the execution provider it got.
 pub(crate) fn session_builder(
     env: &Environment,
     options: &SessionOptions,
-    memory: CpuMemory,
+    pattern: RunPattern,
 ) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {
     use ort::ep::ExecutionProvider;
     let threads = options.intra_op_threads.max(1);
@@ -179,11 +186,13 @@ pub(crate) fn session_builder(
             .map_err(configure)?
             .with_inter_threads(1)
             .map_err(configure)?;
-        match memory {
-            CpuMemory::Arena => Ok(builder),
+        match pattern {
+            RunPattern::Steps => Ok(builder),
             // Registering the CPU provider without its arena is how the C API turns it off
             // (DisableCpuMemArena); the provider itself is always there.
-            CpuMemory::PerRun => builder
+            RunPattern::OncePerText => builder
+                .with_config_entry("session.intra_op.allow_spinning", "0")
+                .map_err(configure)?
                 .with_execution_providers([ort::ep::CPU::default()
                     .with_arena_allocator(false)
                     .build()])
@@ -296,21 +305,21 @@ impl OrtBackend {
         options: &SessionOptions,
         workers: usize,
     ) -> anyhow::Result<Vec<Self>> {
-        let open = |file: &str, memory: CpuMemory| -> anyhow::Result<(Session, &'static str)> {
-            let (mut builder, execution_provider) = session_builder(env, options, memory)?;
+        let open = |file: &str, pattern: RunPattern| -> anyhow::Result<(Session, &'static str)> {
+            let (mut builder, execution_provider) = session_builder(env, options, pattern)?;
             let path = dir.join(file);
             let session = builder
                 .commit_from_file(&path)
                 .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", path.display()))?;
             Ok((session, execution_provider))
         };
-        let (encoder, _) = open(files::ENCODER, CpuMemory::PerRun)?;
+        let (encoder, _) = open(files::ENCODER, RunPattern::OncePerText)?;
         let ports = |outlets: &[Outlet]| outlets.iter().map(port).collect::<Vec<_>>();
         let (encoder_inputs, encoder_outputs) = (ports(encoder.inputs()), ports(encoder.outputs()));
         let encoder = Arc::new(Mutex::new(encoder));
         let mut backends = Vec::with_capacity(workers);
         for _ in 0..workers.max(1) {
-            let (decoder, execution_provider) = open(files::DECODER, CpuMemory::Arena)?;
+            let (decoder, execution_provider) = open(files::DECODER, RunPattern::Steps)?;
             let layout = check_contract(
                 manifest,
                 &encoder_inputs,

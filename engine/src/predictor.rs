@@ -17,7 +17,7 @@ use tokenizers::Tokenizer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::memory;
-use crate::onnx::{padded_sources, session_builder, CpuMemory, SessionOptions};
+use crate::onnx::{padded_sources, session_builder, RunPattern, SessionOptions};
 
 /// Most requests waiting for a neural predictor (a BERT, a head on the encoder) before more
 /// are refused (429): the queue comes before admission, so it must stay short next to a
@@ -113,7 +113,7 @@ impl LengthPredictor {
             }
         };
         let graph = dir.join(&spec.graph);
-        let (mut builder, _) = session_builder(env, options, CpuMemory::PerRun)?;
+        let (mut builder, _) = session_builder(env, options, RunPattern::OncePerText)?;
         let session = builder
             .commit_from_file(&graph)
             .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", graph.display()))?;

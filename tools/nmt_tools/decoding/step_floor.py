@@ -62,12 +62,40 @@ OPSET = 17
 Session = Any
 
 
-def session(model: str | onnx.ModelProto, optimized_path: str | None = None) -> Session:
+# ONNX Runtime's threading layouts --threading times the step under: a name, intra-op
+# threads, and session config entries (onnxruntime_session_options_config_keys.h). Affinities
+# name the logical processors (from 1) of the pool's threads beyond the caller's.
+THREADING: list[tuple[str, int, dict[str, str]]] = [
+    ("2 threads, defaults (spinning)", 2, {}),
+    ("2 threads, no spinning", 2, {"session.intra_op.allow_spinning": "0"}),
+    ("2 threads, dynamic block base 4", 2, {"session.dynamic_block_base": "4"}),
+    (
+        "2 threads, no spinning, dynamic block base 4",
+        2,
+        {"session.intra_op.allow_spinning": "0", "session.dynamic_block_base": "4"},
+    ),
+    ("2 threads, pool thread pinned to the second CPU", 2, {"session.intra_op_thread_affinities": "2"}),
+    (
+        "2 threads, no spinning, pool thread pinned",
+        2,
+        {"session.intra_op.allow_spinning": "0", "session.intra_op_thread_affinities": "2"},
+    ),
+]
+
+
+def session(
+    model: str | onnx.ModelProto,
+    optimized_path: str | None = None,
+    threads: int = 1,
+    entries: dict[str, str] | None = None,
+) -> Session:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    for key, value in (entries or {}).items():
+        options.add_session_config_entry(key, value)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if optimized_path:
         options.optimized_model_filepath = optimized_path
@@ -94,7 +122,9 @@ def make_model(graph: onnx.GraphProto) -> onnx.ModelProto:
 class Step:
     """Greedy decoding of the test verses through a package's graphs at batch 1."""
 
-    def __init__(self, package: str, verses: list[str], work: str) -> None:
+    def __init__(
+        self, package: str, verses: list[str], work: str, threads: int = 1, entries: dict[str, str] | None = None
+    ) -> None:
         import onnx
         from tokenizers import Tokenizer
 
@@ -102,7 +132,7 @@ class Step:
         self.tokenizer = Tokenizer.from_file(os.path.join(package, "tokenizer.json"))
         self.encoder = session(os.path.join(package, "encoder.onnx"))
         optimized = os.path.join(work, os.path.basename(package.rstrip("/")) + ".decoder.opt.onnx")
-        self.decoder = session(os.path.join(package, "decoder.onnx"), optimized)
+        self.decoder = session(os.path.join(package, "decoder.onnx"), optimized, threads, entries)
         self.optimized_nodes = len(onnx.load(optimized).graph.node)
         self.verses = verses
         self.inputs = {i.name for i in self.decoder.get_inputs()}
@@ -310,6 +340,12 @@ def build_cells(args: argparse.Namespace, steps: dict[str, Step], work: str) -> 
         cells[f"dispatch {precision} ({step.optimized_nodes} nodes)"] = timed(session(chain), feeds)
     empty_model, empty_feeds = steps["float32"].empty_run_graph()
     cells["empty run"] = timed(session(empty_model), empty_feeds)
+    if args.threading:
+        for precision, step in steps.items():
+            package = args.package if precision == "float32" else args.int8_package
+            for name, threads, entries in THREADING:
+                threaded = Step(package, step.verses, work, threads, entries)
+                cells[f"step {precision}, {name}"] = step_us(threaded)
     return cells, {"count": proj_count, "macs": macs}
 
 
@@ -331,7 +367,7 @@ def markdown(
         "# Decoder step at batch 1 against its floors\n",
         f"- command: `python3 -m {MODULE} {' '.join(sys.argv[1:])}`",
         f"- CPU: {cpu_model()} ({', '.join(isa_flags())}), {os.cpu_count()} cores; ONNX Runtime "
-        f"{version('onnxruntime')}, one intra-op thread; git {short_commit()}",
+        f"{version('onnxruntime')}, one intra-op thread unless a cell says otherwise; git {short_commit()}",
         f"- model: {config['preset']}, d_model {config['d_model']}, {config['decoder_layers']} decoder layers, "
         f"vocabulary {config['vocab_size']}",
         f"- projections: {projections['count']} matrix products, {projections['macs'] / 1e6:.2f} M weights; "
@@ -370,6 +406,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also time the projections as MatMulNBits (8-bit and 4-bit weights, blocks of 32, accuracy level 4; "
         "needs onnx_ir)",
+    )
+    p.add_argument(
+        "--threading",
+        action="store_true",
+        help="also time the step with 2 intra-op threads under ONNX Runtime's threading options "
+        "(spinning, dynamic block base, the pool thread's affinity)",
     )
     p.add_argument("--out-json", help="also write the numbers here")
     return p
