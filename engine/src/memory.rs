@@ -82,7 +82,8 @@ pub fn after_run(pairs: usize) {
 }
 
 /// Hands the C heap's free pages back to the system: after a large run, and when a model
-/// worker runs out of work (what the decoding of a long input allocated is free by then).
+/// worker runs out of work after a long text (what its decoding allocated is free by then).
+/// It walks the whole heap: not after every request.
 pub fn give_back_free_pages() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks and trims the allocator's own free lists; it takes no

@@ -121,7 +121,18 @@ pub struct Worker<B: Backend> {
     batch_tokens: usize,
     /// What this turn did, for the load.
     progress: Progress,
+    /// Whether a text taken since the worker last ran out of work was long enough for its
+    /// freed memory to be worth handing back ([`IDLE_TRIM_FROM_TOKENS`]).
+    trim_when_idle: bool,
 }
+
+/// A text of this many tokens (source and output budget) makes the worker hand the C heap's
+/// free pages back when it next runs out of work. Handing them back after every request cost
+/// one client 8% of its throughput (`malloc_trim` walks the whole heap: 1,036-1,065 against
+/// 1,124-1,149 target subwords/s, float32, two intra-op threads), while what a text below this
+/// leaves in the heap is a few MiB (docs/benchmarks/memory.md: 3 to 12 MiB above idle at the
+/// peak of 64 to 256 source subwords, 30 from 512).
+const IDLE_TRIM_FROM_TOKENS: usize = 512;
 
 /// Runs `f`, turning a panic into a backend error: a bug in the loop fails the jobs at
 /// hand, not the worker.
@@ -159,6 +170,7 @@ impl<B: Backend> Worker<B> {
             batch: RunningBatch::default(),
             batch_tokens: 0,
             progress: Progress::default(),
+            trim_when_idle: false,
         }
     }
 
@@ -166,7 +178,9 @@ impl<B: Backend> Worker<B> {
     pub fn run(mut self) {
         loop {
             if self.batch.is_empty() && !self.has_waiting() {
-                nmt_engine::memory::give_back_free_pages();
+                if std::mem::take(&mut self.trim_when_idle) {
+                    nmt_engine::memory::give_back_free_pages();
+                }
                 match self.receiver.blocking_recv() {
                     Some(job) => self.receive(job),
                     None => break,
@@ -185,6 +199,10 @@ impl<B: Backend> Worker<B> {
     }
 
     fn receive(&mut self, job: Job) {
+        self.trim_when_idle |= job
+            .inputs
+            .iter()
+            .any(|input| input.source_ids.len() + input.max_output_tokens >= IDLE_TRIM_FROM_TOKENS);
         let id = job.id;
         let texts = job.inputs.len();
         self.jobs.insert(
