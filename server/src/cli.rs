@@ -64,8 +64,9 @@ pub struct Args {
     pub device: Device,
 
     /// Threads one ONNX Runtime operator may use. 1 leaves the other cores to HTTP and to
-    /// other workers (the fastest under many clients); on a 2-core machine 2 made one client's
-    /// float32 translations about 1.4x faster, int8's not (docs/benchmarks/).
+    /// other workers (as many workers as cores is the fastest under many clients); on a 2-core
+    /// machine 2 made one client's float32 translations about 1.4x faster, int8's not
+    /// (docs/benchmarks/).
     #[arg(long, env = "NMT_INTRA_OP_THREADS", default_value_t = 1)]
     pub intra_op_threads: usize,
 
