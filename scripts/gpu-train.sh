@@ -38,4 +38,10 @@ for kind in $KINDS; do
     [ -d "$CHECKPOINTS/$kind" ] && python3 -m nmt_tools.training.torch_train split \
         --checkpoint "$CHECKPOINTS/$kind" --out "$OUT" --prefix "$PREFIX$kind-" --max-mib 15.9
 done
+# The last moving average's state says how far the run went, also when only its best point
+# comes back.
+case " $KINDS " in
+    *" ema "*) ;;
+    *) [ -f "$CHECKPOINTS/ema/trainer_state.json" ] && cp "$CHECKPOINTS/ema/trainer_state.json" "$OUT/${PREFIX}final-trainer_state.json" ;;
+esac
 exit $status

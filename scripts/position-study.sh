@@ -35,7 +35,7 @@
 # runs/position-study-quick and its own doc and record there, never to docs/.
 # --full: the shipped size (d_model 256), trained on a lent GPU rather than here: the
 # Transformer, the Rel-Transformer and the RR-Transformer on sources of at most STUDY_CAP
-# subwords, and the first two on the shortest third, each imported from the folder
+# subwords, and the first two on the shortest and the longest third, each imported from the folder
 # scripts/gpu-train-jobs.sh filled (STUDY_GPU_PARTS, required; its job file:
 # docs/experiments/position-study-full/gpu-jobs.txt; STUDY_GPU_KIND=best imports the runs'
 # best points, trained with --eval-steps and brought back with KINDS=best). Writes
@@ -86,7 +86,7 @@ jobs=${STUDY_JOBS:-2}
 MODELS=(transformer transformer-learned rel-transformer rnn-transformer rr-transformer lstm-pe rpe-head rnn-nmt)
 THIRDS_MODELS=(transformer rel-transformer)
 THIRDS=(1 2 3)
-[ $tier = full ] && { MODELS=(transformer rel-transformer rr-transformer); THIRDS=(1); }
+[ $tier = full ] && { MODELS=(transformer rel-transformer rr-transformer); THIRDS=(1 3); }
 # Oka et al.'s table, at the same size and budget: the Transformer (above) against its decoder
 # with LDPE or LRPE, trained with length noise 0, [-2, 2] and [-4, 4]; written to
 # docs/experiments/length-encodings.md. Their "auto" length comes from the shipped package's

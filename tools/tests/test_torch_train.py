@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nmt_tools.training.torch_train import (
     EOS,
     Example,
@@ -29,6 +31,16 @@ class WordTokenizer:
     def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[Encoding]:
         assert not add_special_tokens
         return [Encoding([int(w[1:]) for w in text.split()]) for text in texts]
+
+
+# A one-layer transformer small enough to train a few steps on CPU in a test.
+TINY_CONFIG = {
+    "preset": "transformer-tiny", "architecture": "transformer", "vocab_size": 12000, "d_model": 16,
+    "num_heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0, "norm": "pre",
+    "absolute_position": "sinusoidal", "max_positions": 64, "relative_attention": "none", "relative_clip": 0,
+    "recurrent_position": "none", "recurrent_dim": 0, "length_encoding": "none", "length_noise": 0,
+    "layer_norm_eps": 1e-5,
+}  # fmt: skip
 
 
 def pair(i: int, origin: str, masked: bool = False) -> dict[str, Any]:
@@ -100,14 +112,7 @@ def test_eval_steps_keep_the_moving_averages_best_point(tmp_path: Path) -> None:
         json.dumps({"origin": "t", "source": f"file {i} saved", "target": f"archivo {i} guardado"}) for i in range(40)
     ]
     (tmp_path / "pairs.jsonl").write_text("\n".join(lines) + "\n")
-    config = {
-        "preset": "transformer-tiny", "architecture": "transformer", "vocab_size": 12000, "d_model": 16,
-        "num_heads": 2, "ffn_dim": 32, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0, "norm": "pre",
-        "absolute_position": "sinusoidal", "max_positions": 64, "relative_attention": "none", "relative_clip": 0,
-        "recurrent_position": "none", "recurrent_dim": 0, "length_encoding": "none", "length_noise": 0,
-        "layer_norm_eps": 1e-5,
-    }  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
     argv = ["train", "--pairs", str(tmp_path / "pairs.jsonl"), "--dev", str(tmp_path / "pairs.jsonl")]
     argv += [
         "--tokenizer",
@@ -122,3 +127,49 @@ def test_eval_steps_keep_the_moving_averages_best_point(tmp_path: Path) -> None:
     # The last evaluation was at the last step, so the best is at most the final average's loss.
     ema = json.loads((tmp_path / "out" / "ema" / "trainer_state.json").read_text())
     assert ema["step"] == 6 and best["dev_loss"] <= ema["dev_loss"] + 1e-6
+
+
+def test_dev_in_band_counts_only_dev_pairs_the_run_trains_on_and_import_keeps_the_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--dev-in-band`: the dev loss that picks the best point reads no length the run is not
+    trained on; `import-gpu --kind best` then records the run's whole budget (the final
+    state's steps) beside the step its weights come from."""
+    import argparse
+    import json
+    import shutil
+
+    import pytest
+
+    pytest.importorskip("torch")
+    from nmt_tools.paths import repo_root
+    from nmt_tools.studies import position_study
+    from nmt_tools.training import torch_train
+
+    short = [{"origin": "t", "source": f"file {i}", "target": f"archivo {i}"} for i in range(30)]
+    long = [{"origin": "t", "source": f"the file {i} was saved to disk", "target": f"archivo {i}"} for i in range(7)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in short + long))
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    tokenizer = str(repo_root() / "models/en-es-l10n/tokenizer.json")
+    out = tmp_path / "out"
+    argv = ["train", "--pairs", str(tmp_path / "pairs.jsonl"), "--dev", str(tmp_path / "pairs.jsonl")]
+    argv += ["--tokenizer", tokenizer, "--config", str(tmp_path / "config.json"), "--out", str(out)]
+    argv += ["--device", "cpu", "--max-steps", "4", "--eval-steps", "2", "--max-source-len", "5", "--dev-in-band"]
+    torch_train.main([*argv, "--batch-tokens", "200", "--lr", "1e-2", "--warmup-steps", "1"])
+    assert "30 training examples, 30 dev" in capsys.readouterr().out
+
+    parts = tmp_path / "parts"
+    torch_train.main(["split", "--checkpoint", str(out / "best"), "--out", str(parts), "--prefix", "run.best-"])
+    final = json.loads((out / "ema" / "trainer_state.json").read_text())
+    best = json.loads((out / "best" / "trainer_state.json").read_text())
+    final["step"], best["step"] = 9, 4  # a run whose best point came before its last step
+    (parts / "run.final-trainer_state.json").write_text(json.dumps(final))
+    (parts / "run.best-trainer_state.json").write_text(json.dumps(best))
+    shutil.copy(tmp_path / "config.json", tmp_path / "run-config.json")
+    args = argparse.Namespace(
+        parts=parts, name="run", config=tmp_path / "run-config.json", out=tmp_path / "record", kind="best"
+    )
+    position_study.import_gpu(args)
+    report = json.loads((tmp_path / "record" / "report.json").read_text())
+    assert report["state"]["step"] == 9 and report["state"]["weights_step"] == 4
+    assert report["state"]["weights"].endswith("at its lowest dev loss")

@@ -728,16 +728,21 @@ def import_gpu(args: argparse.Namespace) -> None:
     last = args.out / "last"
     torch_train.join(argparse.Namespace(parts=args.parts, prefix=prefix, config=args.config, out=last))
     state = load(args.parts / f"{prefix}{torch_train.STATE_FILE}")
+    # A best point's state is the state at that point; how far the run went (its budget) is in
+    # the last moving average's state, which scripts/gpu-train.sh brings back beside it.
+    final_file = args.parts / f"{args.name}.final-{torch_train.STATE_FILE}"
+    final = load(final_file) if args.kind == "best" and final_file.exists() else state
     with safe_open(str(last / torch_train.WEIGHTS_FILE), framework="np") as weights:
         parameters = sum(math.prod(weights.get_slice(k).get_shape()) for k in weights.keys())  # noqa: SIM118
-    seconds = float(state["train_seconds"])
+    seconds = float(final["train_seconds"])
     report = {
         "state": {
-            "step": state["step"],
-            "epoch": state["epoch"],
+            "step": final["step"],
+            "weights_step": state["step"],
+            "epoch": final["epoch"],
             "train_pairs": state["train_pairs"],
-            "target_tokens_seen": state["target_tokens_seen"],
-            "source_tokens_seen": state["source_tokens_seen"],
+            "target_tokens_seen": final["target_tokens_seen"],
+            "source_tokens_seen": final["source_tokens_seen"],
             "train_seconds": seconds,
             "last_dev_loss": state["dev_loss"],
             "seed": state["seed"],
@@ -746,8 +751,8 @@ def import_gpu(args: argparse.Namespace) -> None:
             + (", at its lowest dev loss" if args.kind == "best" else ""),
             "args": state["args"],
         },
-        "target_tokens_per_second": state["target_tokens_seen"] / seconds,
-        "source_tokens_per_second": state["source_tokens_seen"] / seconds,
+        "target_tokens_per_second": final["target_tokens_seen"] / seconds,
+        "source_tokens_per_second": final["source_tokens_seen"] / seconds,
         "parameters": parameters,
     }
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -355,10 +355,12 @@ def train(args: argparse.Namespace) -> None:
         pairs, tokenizer, args.oversample, args.joined_fraction, args.joined_max_verses, args.max_len, args.seed
     )
     # As nmt-train's --min/--max-source-len: a band of source lengths (EOS not counted), after
-    # the joined examples are made; the dev loss keeps every dev pair.
+    # the joined examples are made; the dev loss keeps every dev pair unless --dev-in-band.
     low, high = args.min_source_len or 0, args.max_source_len or math.inf
     examples = [e for e in examples if low <= len(e.source) - 1 <= high]
     dev = dev_examples(tokenizer, args.dev, args.dev_limit, args.max_len)
+    if args.dev_in_band:
+        dev = [e for e in dev if low <= len(e.source) - 1 <= high]
     print(f"{len(examples)} training examples, {len(dev)} dev, ready in {time.monotonic() - started:.0f} s", flush=True)
     trainer = Trainer(args, config, len(examples))
     train_started = time.monotonic()
@@ -483,6 +485,12 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         help="every N updates, the moving average's dev loss; the lowest yet is written to OUT/best (0: never)",
+    )
+    run.add_argument(
+        "--dev-in-band",
+        action="store_true",
+        help="the dev loss (and so the best point) counts only dev pairs in the source-length band: "
+        "choosing a checkpoint then looks at no length the run is not trained on",
     )
     run.add_argument("--ema-half", action="store_true", help="write OUT/ema in float16 (half the bytes)")
     run.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU)")

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The server's CUDA path on a lent GPU machine, measured beside its CPU path on the same machine
+# (issue 32 point 6). That machine has the NVIDIA runtime wheels (PyTorch's: CUDA 13, cuDNN 9,
+# cuBLAS) but no Rust toolchain and no onnxruntime-gpu, so the binaries built here and the
+# ONNX Runtime libraries of the `onnxruntime-gpu` wheel travel with the call:
+#
+#   PACK=/tmp/cudapack OUT=$OUT scripts/cuda-check.sh
+#
+# PACK holds ort/ (libonnxruntime.so.1.31.1, libonnxruntime_providers_{cuda,shared}.so) and bin/
+# (nmt-server, nmt-eval, nmt-bench-worker). Also read: PACKAGE (default models/en-es-l10n),
+# data/corpus/test.{en,es}, VERSES_ONE (one client's verses, default runs/s24-verses150.en) and
+# VERSES_MANY (64 clients', default the test books). Writes OUT/cuda/: the CUDA translations of
+# the test books (nmt-eval, to compare with the CPU's here), the log, and one JSON line per
+# benchmark pass, labelled.
+set -uo pipefail
+PACK=$(realpath "${PACK:?folder with ort/ and bin/}")
+OUT=$(realpath "${OUT:?folder for the results}")
+PACKAGE=${PACKAGE:-models/en-es-l10n}
+VERSES_ONE=${VERSES_ONE:-runs/s24-verses150.en}
+VERSES_MANY=${VERSES_MANY:-data/corpus/test.en}
+cd "$(dirname "$0")/.."
+results=$OUT/cuda
+mkdir -p "$results"
+exec > >(tee "$results/log.txt") 2>&1
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+lscpu | grep -E '^(Model name|CPU\(s\)|Flags)' | cut -c1-400
+# The NVIDIA runtime wheels beside PyTorch, found where Python keeps them.
+nvidia_libs=$(python3 -c 'import nvidia, os, glob
+roots = list(nvidia.__path__)
+print(":".join(sorted({d for r in roots for d in glob.glob(os.path.join(r, "*", "lib")) + glob.glob(os.path.join(r, "cu*", "lib"))})))' 2>/dev/null)
+export LD_LIBRARY_PATH=$PACK/ort:$nvidia_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export ORT_DYLIB_PATH=$PACK/ort/libonnxruntime.so.1.31.1
+echo "== libraries the CUDA provider links and does not find:"
+ldd "$PACK/ort/libonnxruntime_providers_cuda.so" | grep 'not found' || echo "(none)"
+bin=$PACK/bin
+
+echo "== the test books on CUDA (nmt-eval, batches as it makes them)"
+start=$(date +%s.%N)
+"$bin/nmt-eval" --package "$PACKAGE" --split test --no-concat --device cuda --python python3 \
+    --bootstrap-samples 0 --out "$results/eval-cuda" 2>&1 | grep -v '^\s*$' | tail -n 20
+echo "nmt-eval cuda seconds: $(echo "$(date +%s.%N) - $start" | bc)"
+
+bench() { # LABEL VERSES CLIENTS SERVER_ARGS...
+    local label=$1 verses=$2 clients=$3
+    shift 3
+    local args=()
+    for a in "$@"; do args+=(--server-arg="$a"); done
+    echo "== $label"
+    printf 'run\nrun\n' | timeout 150 "$bin/nmt-bench-worker" --verses "$verses" --warmup 16 http \
+        --package "$PACKAGE" --server-bin "$bin/nmt-server" --clients "$clients" \
+        --server-log "$results/server-$label.log" "${args[@]}" \
+        | while read -r line; do echo "$label $line"; done | tee -a "$results/passes.txt"
+    grep -m2 -E 'execution_provider=|CUDA was asked' "$results/server-$label.log" | cut -c1-400 || true
+}
+bench cuda-1-client "$VERSES_ONE" 1 --device cuda
+bench cuda-64-clients "$VERSES_MANY" 64 --device cuda
+bench cpu-1-client "$VERSES_ONE" 1 --device cpu
+bench cpu-64-clients "$VERSES_MANY" 64 --device cpu
+bench cpu-64-clients-8-workers "$VERSES_MANY" 64 --device cpu --model-workers 8
+nvidia-smi --query-gpu=memory.used --format=csv,noheader
+ls -l "$results"
