@@ -29,6 +29,8 @@
 #                still show every recorded one
 #   STUDY_REPORT_ONLY=1  train nothing: write the tables from the models recorded so far
 #                (=length: only Oka et al.'s table of length encodings)
+#   STUDY_TEMPLATE_OVER  --full: blocks that replace those of the page's template
+#                (position-study/position-study-full.template.md), for another budget's intro
 #   STUDY_PREDICTOR_FROM  the package whose length predictor the LDPE/LRPE packages get
 #                (default models/en-es-rel-ldpe)
 # --quick: tiny models, 40 steps, 60 test verses: checks the pipeline in minutes, writes to
@@ -280,7 +282,8 @@ if [ $tier = full ]; then
   python3 -m nmt_tools.studies.position_study report "$dir" "$doc" --record "$record" --cap "$cap" \
     --terciles "$t1" "$t2" --steps "$steps" --size "$size" --models "${MODELS[@]}" \
     --thirds-models "${THIRDS_MODELS[@]}" --beside "$dir/eval-short-small" \
-    --template docs/experiments/position-study/position-study-full.template.md
+    --template docs/experiments/position-study/position-study-full.template.md \
+    ${STUDY_TEMPLATE_OVER:+--template-over "$STUDY_TEMPLATE_OVER"}
   echo "position-study: wrote $doc" >&2
   exit
 fi

@@ -113,6 +113,18 @@ def test_template_blocks_and_papers() -> None:
         t.text("b")
 
 
+def test_a_template_over_another_replaces_only_its_own_blocks() -> None:
+    base = Template("<!-- block intro -->\nfirst $n\n<!-- block outro -->\nend\n<!-- block paper-one -->\nOne\n")
+    over = base.overridden_by(Template("<!-- block intro -->\nsecond $n, $paper_one\n"))
+    assert over.text("intro", n=2) == "second 2, One"
+    assert over.text("outro") == "end"
+    assert base.text("intro", n=1) == "first 1"
+    # The second budget's file only replaces blocks the first budget's page has.
+    full = Template.load(fx.REPO / position_study.TEMPLATES / "position-study-full.template.md")
+    budget2 = Template.load(fx.REPO / position_study.TEMPLATES / "position-study-full-dropout3.template.md")
+    assert set(budget2.blocks) == {"intro", "training-outro"} <= set(full.blocks)
+
+
 def test_repository_templates_have_every_block_the_code_uses() -> None:
     """Every block name the module renders (a literal argument of `t.text` or `t.lines`) is in
     one of the shipped templates."""

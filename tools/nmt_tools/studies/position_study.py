@@ -544,6 +544,8 @@ def report(args: argparse.Namespace) -> None:
     """Writes the study's page."""
     study, doc = args.dir, args.doc
     t = Template.load(args.template or repo_root() / TEMPLATES / TEMPLATE_FILES["report"])
+    if args.template_over:
+        t = t.overridden_by(Template.load(args.template_over))
     t1, t2 = args.terciles
     ev_all = Eval.at(os.path.join(study, "eval-all"))
     ev_short = Eval.at(os.path.join(study, "eval-short"))
@@ -809,6 +811,11 @@ def parser() -> argparse.ArgumentParser:
             )
             s.add_argument("--thirds-models", nargs="+", required=True, help="the presets trained on each third")
             s.add_argument("--beside", help="an evaluation of the same runs at another size (its folder), shown beside")
+            s.add_argument(
+                "--template-over",
+                type=Path,
+                help="blocks that replace the template's of the same name (a second budget's intro)",
+            )
     return p
 
 

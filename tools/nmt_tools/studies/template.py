@@ -33,6 +33,14 @@ class Template:
     def load(cls, path: str | Path) -> Template:
         return cls(Path(path).read_text(encoding="utf-8"), str(path))
 
+    def overridden_by(self, other: Template) -> Template:
+        """This template with `other`'s blocks in place of its own of the same name: a page
+        that differs from another in a few blocks keeps only those."""
+        merged = Template("", f"{other.source} over {self.source}")
+        merged.blocks = {**self.blocks, **other.blocks}
+        merged.papers = {**self.papers, **other.papers}
+        return merged
+
     def text(self, name: str, **values: object) -> str:
         """Block `name` with its placeholders filled."""
         if name not in self.blocks:
