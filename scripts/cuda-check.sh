@@ -36,10 +36,10 @@ ldd "$PACK/ort/libonnxruntime_providers_cuda.so" | grep 'not found' || echo "(no
 bin=$PACK/bin
 
 echo "== the test books on CUDA (nmt-eval, batches as it makes them)"
-start=$(date +%s.%N)
+SECONDS=0
 "$bin/nmt-eval" --package "$PACKAGE" --split test --no-concat --device cuda --python python3 \
     --bootstrap-samples 0 --out "$results/eval-cuda" 2>&1 | grep -v '^\s*$' | tail -n 20
-echo "nmt-eval cuda seconds: $(echo "$(date +%s.%N) - $start" | bc)"
+echo "nmt-eval cuda: ${SECONDS} s"
 
 bench() { # LABEL VERSES CLIENTS SERVER_ARGS...
     local label=$1 verses=$2 clients=$3
