@@ -29,6 +29,10 @@
 #                still show every recorded one
 #   STUDY_REPORT_ONLY=1  train nothing: write the tables from the models recorded so far
 #                (=length: only Oka et al.'s table of length encodings)
+#   STUDY_SHORT_TOKENIZER  --full: the tokenizer of the runs on short sources, for models
+#                trained on another corpus (default data/tokenizer.json, the Bible's; the
+#                localization corpus's: models/en-es-l10n/tokenizer.json); the thirds, whose
+#                terciles come from the Bible, keep the Bible's
 #   STUDY_TEMPLATE_OVER  --full: blocks that replace those of the page's template
 #                (position-study/position-study-full.template.md), for another budget's intro
 #   STUDY_PREDICTOR_FROM  the package whose length predictor the LDPE/LRPE packages get
@@ -80,6 +84,8 @@ else
   doc=${STUDY_DOC:-docs/experiments/position-study.md}
   record=${STUDY_RECORD:-docs/experiments/position-study}
 fi
+short_tokenizer=data/tokenizer.json
+[ $tier = full ] && short_tokenizer=${STUDY_SHORT_TOKENIZER:-data/tokenizer.json}
 cap=${STUDY_CAP:-32}
 jobs=${STUDY_JOBS:-2}
 
@@ -146,6 +152,13 @@ asks_of() { # NAME
   esac
 }
 
+tokenizer_of() { # NAME
+  case "$1" in
+    *.short) echo "$short_tokenizer" ;;
+    *) echo data/tokenizer.json ;;
+  esac
+}
+
 budget_spent() { # REPORT_JSON: the run reached the study's budget
   [ -f "$1" ] && python3 - "$1" "$steps" <<'EOF'
 import json, sys
@@ -174,7 +187,7 @@ train_one() { # NAME PRESET FLAGS...
     # Trained on a GPU (the flags above are the job file's too); the config is the preset's.
     [ -n "$gpu_parts" ] || { echo "position-study: $name not trained: set STUDY_GPU_PARTS" >&2; return 1; }
     $bin/nmt-train train --preset "$preset" --out "$dir/config/$name" --max-steps 0 \
-      --tokenizer data/tokenizer.json --quiet > /dev/null
+      --tokenizer "$(tokenizer_of "$name")" --quiet > /dev/null
     python3 -m nmt_tools.studies.position_study import-gpu --parts "$gpu_parts" --name "$name" \
       --config "$dir/config/$name/last/config.json" --out "$out" --kind "$gpu_kind" >&2
     budget_spent "$out/report.json" || echo "position-study: $name stopped short of $steps steps" >&2
@@ -189,7 +202,7 @@ train_one() { # NAME PRESET FLAGS...
     mv "$out/report.json.tmp" "$out/report.json"
   fi
   rm -rf "$pkg"
-  $bin/nmt-export --checkpoint "$out/last" --tokenizer data/tokenizer.json --name "$name" \
+  $bin/nmt-export --checkpoint "$out/last" --tokenizer "$(tokenizer_of "$name")" --name "$name" \
     --out "$pkg" >&2
   case " $LENGTH_RUNS " in
     *" $name "*) $bin/nmt-export length-predictor --package "$pkg" --from-package "$PREDICTOR_FROM" >&2 ;;
@@ -209,8 +222,8 @@ train_one() { # NAME PRESET FLAGS...
   cp "$out/report.json" "$record/runs/$name/report.json"
 }
 LENGTH_RUNS=$(printf '%s.all ' "${LENGTH_MODELS[@]}")
-export -f train_one recorded budget_spent asks_of
-export dir steps bin record limit_flags LENGTH_RUNS PREDICTOR_FROM tier gpu_parts gpu_kind
+export -f train_one recorded budget_spent asks_of tokenizer_of
+export dir steps bin record limit_flags LENGTH_RUNS PREDICTOR_FROM tier gpu_parts gpu_kind short_tokenizer
 
 if [ -z "${STUDY_REPORT_ONLY:-}" ]; then
   # STUDY_ONLY's order is the training order, so a session can put first what it needs first.
