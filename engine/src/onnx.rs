@@ -174,15 +174,11 @@ pub(crate) fn session_builder(
     options: &SessionOptions,
     pattern: RunPattern,
 ) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {
-    use ort::ep::{ExecutionProvider, ExecutionProviderDispatch};
+    use ort::ep::ExecutionProvider;
     let threads = options.intra_op_threads.max(1);
     let configure = |e: ort::Error<_>| anyhow!("configuring ONNX Runtime sessions: {e}");
-    // ONNX Runtime gives each node to the first registered provider that takes it, so CUDA
-    // (where asked for) comes before the CPU provider: registered first, the CPU provider
-    // took every node of the sessions run once per text, and on a GPU host the encoder ran
-    // on the CPU (docs/benchmarks/cuda.md).
-    let with_providers = |gpu: Option<ExecutionProviderDispatch>| -> anyhow::Result<_> {
-        let mut builder = Session::builder(env)
+    let cpu = || -> anyhow::Result<_> {
+        let builder = Session::builder(env)
             .map_err(|e| anyhow!("creating an ONNX Runtime session builder: {e}"))?
             .with_optimization_level(GraphOptimizationLevel::All)
             .map_err(configure)?
@@ -190,23 +186,19 @@ pub(crate) fn session_builder(
             .map_err(configure)?
             .with_inter_threads(1)
             .map_err(configure)?;
-        let mut providers: Vec<ExecutionProviderDispatch> = gpu.into_iter().collect();
-        if pattern == RunPattern::OncePerText {
-            builder = builder
-                .with_config_entry("session.intra_op.allow_spinning", "0")
-                .map_err(configure)?;
+        match pattern {
+            RunPattern::Steps => Ok(builder),
             // Registering the CPU provider without its arena is how the C API turns it off
             // (DisableCpuMemArena); the provider itself is always there.
-            providers.push(ort::ep::CPU::default().with_arena_allocator(false).build());
+            RunPattern::OncePerText => builder
+                .with_config_entry("session.intra_op.allow_spinning", "0")
+                .map_err(configure)?
+                .with_execution_providers([ort::ep::CPU::default()
+                    .with_arena_allocator(false)
+                    .build()])
+                .map_err(configure),
         }
-        if providers.is_empty() {
-            return Ok(builder);
-        }
-        builder
-            .with_execution_providers(providers)
-            .map_err(configure)
     };
-    let cpu = || with_providers(None);
     if options.device == Device::Cpu {
         return Ok((cpu()?, "CPU"));
     }
@@ -229,7 +221,7 @@ pub(crate) fn session_builder(
         }
     }
     let cuda = ort::ep::CUDA::default().build().error_on_failure();
-    match with_providers(Some(cuda)) {
+    match cpu()?.with_execution_providers([cuda]) {
         Ok(builder) => Ok((builder, "CUDA")),
         Err(e) => {
             warn(format!("the CUDA execution provider failed to start ({e})"));
