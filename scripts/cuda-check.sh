@@ -55,6 +55,8 @@ bench() { # LABEL VERSES CLIENTS SERVER_ARGS...
 }
 bench cuda-1-client "$VERSES_ONE" 1 --device cuda
 bench cuda-64-clients "$VERSES_MANY" 64 --device cuda
+# The batch cap is sized for two CPU cores; a GPU may want every client in one batch.
+bench cuda-64-clients-batch-64 "$VERSES_MANY" 64 --device cuda --max-batch-size 64 --max-batch-tokens 32768
 bench cpu-1-client "$VERSES_ONE" 1 --device cpu
 bench cpu-64-clients "$VERSES_MANY" 64 --device cpu
 bench cpu-64-clients-8-workers "$VERSES_MANY" 64 --device cpu --model-workers 8
