@@ -8,23 +8,28 @@
 #
 # PACK holds ort/ (libonnxruntime.so.1.31.1, libonnxruntime_providers_{cuda,shared}.so) and bin/
 # (nmt-server, nmt-eval, nmt-bench-worker). Also read: PACKAGE (default models/en-es-l10n),
-# data/corpus/test.{en,es}, VERSES_ONE (one client's verses, default runs/s24-verses150.en) and
-# VERSES_MANY (64 clients', default the test books). Writes OUT/cuda/: the CUDA translations of
+# data/corpus/test.{en,es}, VERSES_ONE (one client's verses, default the first 150 test verses,
+# as docs/benchmarks/ctranslate2-one-stream.md) and VERSES_MANY (64 clients', default the test
+# books). Writes OUT/cuda/: the CUDA translations of
 # the test books (nmt-eval, to compare with the CPU's here), the log, and one JSON line per
 # benchmark pass, labelled.
 set -uo pipefail
 PACK=$(realpath "${PACK:?folder with ort/ and bin/}")
 OUT=$(realpath "${OUT:?folder for the results}")
 PACKAGE=${PACKAGE:-models/en-es-l10n}
-VERSES_ONE=${VERSES_ONE:-runs/s24-verses150.en}
 VERSES_MANY=${VERSES_MANY:-data/corpus/test.en}
 cd "$(dirname "$0")/.."
 results=$OUT/cuda
 mkdir -p "$results"
 exec > >(tee "$results/log.txt") 2>&1
+if [ -z "${VERSES_ONE:-}" ]; then
+    VERSES_ONE=$results/verses150.en
+    head -n 150 data/corpus/test.en > "$VERSES_ONE"
+fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-lscpu | grep -E '^(Model name|CPU\(s\)|Flags)' | cut -c1-400
+lscpu | grep -E '^(Model name|CPU\(s\))'
+echo "ISA: $(grep -o -w -E 'avx2|fma|avx512[a-z_0-9]*|avx_vnni|amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 # The NVIDIA runtime wheels beside PyTorch, found where Python keeps them.
 nvidia_libs=$(python3 -c 'import nvidia, os, glob
 roots = list(nvidia.__path__)
