@@ -28,8 +28,8 @@ if [ -z "${VERSES_ONE:-}" ]; then
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-lscpu | grep -E '^(Model name|CPU\(s\))'
-echo "ISA: $(grep -o -w -E 'avx2|fma|avx512[a-z_0-9]*|avx_vnni|amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+# The CPU as every benchmark report here names it (nmt_tools.machine: model and instruction sets).
+(cd tools && python3 -c 'import os; from nmt_tools.machine import cpu_summary; print(f"CPU: {cpu_summary()}, {os.cpu_count()} cores")')
 # The NVIDIA runtime wheels beside PyTorch, found where Python keeps them.
 nvidia_libs=$(python3 -c 'import nvidia, os, glob
 roots = list(nvidia.__path__)

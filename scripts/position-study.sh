@@ -89,9 +89,11 @@ fi
 # length-aware packages take that model's length predictor, which counts in it; the full tier's
 # runs trained with data/tokenizer.json as written today (kept beside their record).
 bible_tokenizer=models/en-es-rel-ldpe/tokenizer.json
-[ $tier = full ] && bible_tokenizer=data/tokenizer.json
 short_tokenizer=$bible_tokenizer
-[ $tier = full ] && short_tokenizer=${STUDY_SHORT_TOKENIZER:-$bible_tokenizer}
+if [ $tier = full ]; then
+  bible_tokenizer=data/tokenizer.json
+  short_tokenizer=${STUDY_SHORT_TOKENIZER:-$bible_tokenizer}
+fi
 cap=${STUDY_CAP:-32}
 jobs=${STUDY_JOBS:-2}
 

@@ -102,8 +102,6 @@ def test_eval_steps_keep_the_moving_averages_best_point(tmp_path: Path) -> None:
     OUT/best as a checkpoint with that loss (CPU, a tiny model; skipped where torch is absent)."""
     import json
 
-    import pytest
-
     pytest.importorskip("torch")
     from nmt_tools.paths import repo_root
     from nmt_tools.training import torch_train
@@ -137,9 +135,6 @@ def test_dev_in_band_counts_only_dev_pairs_the_run_trains_on_and_import_keeps_th
     state's steps) beside the step its weights come from."""
     import argparse
     import json
-    import shutil
-
-    import pytest
 
     pytest.importorskip("torch")
     from nmt_tools.paths import repo_root
@@ -165,9 +160,8 @@ def test_dev_in_band_counts_only_dev_pairs_the_run_trains_on_and_import_keeps_th
     final["step"], best["step"] = 9, 4  # a run whose best point came before its last step
     (parts / "run.final-trainer_state.json").write_text(json.dumps(final))
     (parts / "run.best-trainer_state.json").write_text(json.dumps(best))
-    shutil.copy(tmp_path / "config.json", tmp_path / "run-config.json")
     args = argparse.Namespace(
-        parts=parts, name="run", config=tmp_path / "run-config.json", out=tmp_path / "record", kind="best"
+        parts=parts, name="run", config=tmp_path / "config.json", out=tmp_path / "record", kind="best"
     )
     position_study.import_gpu(args)
     report = json.loads((tmp_path / "record" / "report.json").read_text())
