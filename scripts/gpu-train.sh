@@ -11,6 +11,9 @@
 #   KINDS        which weights come back: last, ema or both (default "last ema")
 #   CHECKPOINTS  where the trainer writes (default /tmp/checkpoints; one per run when several
 #                share the GPU, as scripts/gpu-train-jobs.sh runs them)
+#   DEVICE       torch's device (default cuda); cpu trains here with --resume, so that a run
+#                of hours spans sessions (scripts/cpu-train-jobs.sh)
+#   PYTHON       the interpreter that has torch (default python3)
 # Back here: python3 -m nmt_tools.training.torch_train join --parts OUT --prefix last- ...
 set -uo pipefail
 DATA=$(realpath "${DATA:?folder of training data}")
@@ -20,22 +23,31 @@ CONFIG=$(realpath "${CONFIG:-$DATA/config.json}")
 PREFIX=${PREFIX:-}
 KINDS=${KINDS:-last ema}
 CHECKPOINTS=${CHECKPOINTS:-/tmp/checkpoints}
+DEVICE=${DEVICE:-cuda}
+PYTHON=${PYTHON:-python3}
 LOG=$OUT/${PREFIX}train.log
 cd "$(dirname "$0")/../tools"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
-python3 -c 'import torch, tokenizers; print("torch", torch.__version__, "tokenizers", tokenizers.__version__)' | tee -a "$LOG"
+device=(--device "$DEVICE")
+if [ "$DEVICE" = cpu ]; then
+    # Appended to, not replaced: a resumed run's log keeps every leg's machine and speed.
+    "$PYTHON" -c 'from nmt_tools.machine import cpu_summary; print(cpu_summary())' | tee -a "$LOG"
+    device+=(--resume --save-minutes 10)
+else
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
+fi
+"$PYTHON" -c 'import torch, tokenizers; print("torch", torch.__version__, "tokenizers", tokenizers.__version__)' | tee -a "$LOG"
 init=()
 [ -f "$DATA/init.safetensors" ] && init=(--init-from "$DATA/init.safetensors")
 dev=()
 for f in "$DATA"/*dev.jsonl; do dev+=(--dev "$f"); done
-PYTHONUNBUFFERED=1 python3 -m nmt_tools.training.torch_train train \
+PYTHONUNBUFFERED=1 "$PYTHON" -m nmt_tools.training.torch_train train \
     --pairs "$DATA/train.jsonl.xz" "${dev[@]}" \
     --tokenizer "$DATA/tokenizer.json" --config "$CONFIG" "${init[@]}" \
-    --out "$CHECKPOINTS" --minutes "$MINUTES" --bf16 --ema-half "$@" 2>&1 | tee -a "$LOG"
+    --out "$CHECKPOINTS" --minutes "$MINUTES" --bf16 --ema-half "${device[@]}" "$@" 2>&1 | tee -a "$LOG"
 status=$?
 # Whatever was saved comes back, also after a failure or a kill mid-run.
 for kind in $KINDS; do
-    [ -d "$CHECKPOINTS/$kind" ] && python3 -m nmt_tools.training.torch_train split \
+    [ -d "$CHECKPOINTS/$kind" ] && "$PYTHON" -m nmt_tools.training.torch_train split \
         --checkpoint "$CHECKPOINTS/$kind" --out "$OUT" --prefix "$PREFIX$kind-" --max-mib 15.9
 done
 # The last moving average's state says how far the run went, also when only its best point

@@ -167,3 +167,40 @@ def test_dev_in_band_counts_only_dev_pairs_the_run_trains_on_and_import_keeps_th
     report = json.loads((tmp_path / "record" / "report.json").read_text())
     assert report["state"]["step"] == 9 and report["state"]["weights_step"] == 4
     assert report["state"]["weights"].endswith("at its lowest dev loss")
+
+
+def test_a_resumed_run_ends_where_one_unbroken_run_ends(tmp_path: Path) -> None:
+    """`--resume`: three updates, a stop, three more give the weights, moving average and
+    counters of six in one go (CPU, so bit for bit); other settings than the snapshot's are
+    refused."""
+    import json
+
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    from nmt_tools.paths import repo_root
+    from nmt_tools.training import torch_train
+
+    pairs = [{"origin": "t", "source": f"file {i} saved", "target": f"archivo {i} guardado"} for i in range(40)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_CONFIG, "dropout": 0.3}))
+
+    def run(out: Path, steps: int, *extra: str) -> None:
+        argv = ["train", "--pairs", str(tmp_path / "pairs.jsonl"), "--dev", str(tmp_path / "pairs.jsonl")]
+        argv += ["--tokenizer", str(repo_root() / "models/en-es-l10n/tokenizer.json")]
+        argv += ["--config", str(tmp_path / "config.json"), "--out", str(out), "--device", "cpu"]
+        argv += ["--max-steps", str(steps), "--eval-steps", "2", "--batch-tokens", "120", "--lr", "1e-2"]
+        torch_train.main([*argv, "--warmup-steps", "1", "--resume", *extra])
+
+    run(tmp_path / "whole", 6)
+    run(tmp_path / "parts", 3)
+    run(tmp_path / "parts", 6)
+    for kind in ("last", "ema", "best"):
+        whole = load_file(str(tmp_path / "whole" / kind / "model.safetensors"))
+        parts = load_file(str(tmp_path / "parts" / kind / "model.safetensors"))
+        assert all(torch.equal(whole[k], parts[k]) for k in whole), kind
+        states = [json.loads((tmp_path / o / kind / "trainer_state.json").read_text()) for o in ("whole", "parts")]
+        assert [s["step"] for s in states] == [states[0]["step"]] * 2
+        assert states[0]["target_tokens_seen"] == states[1]["target_tokens_seen"]
+    with pytest.raises(SystemExit, match="lr"):
+        run(tmp_path / "parts", 8, "--lr", "2e-2")

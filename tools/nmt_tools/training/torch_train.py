@@ -18,8 +18,11 @@ minutes is worth more than a day of it. This module mirrors, in torch:
 Joined examples are joined as subwords (the Rust trainer joins the texts with a space before
 tokenizing, which gives the same subwords with this tokenizer's metaspace) and unmasked.
 Training stops `--minutes` after the program started and writes a checkpoint every `--save-minutes`, so a
-lease that ends early still leaves one. Beside the trained weights it keeps an exponential moving
-average (`--ema`), written as a second checkpoint in `OUT/ema`.
+lease that ends early still leaves one. With `--resume` a run picks up where its `OUT/resume.pt`
+left it (weights, moving average, Adam's moments, counters, the random state, and its place in
+the batch order), so that a run of hours on a CPU can span several sessions. Beside the trained
+weights it keeps an exponential moving average (`--ema`), written as a second checkpoint in
+`OUT/ema`.
 
 Needs PyPI torch, safetensors and tokenizers (`pip install -e 'tools[torch]'`).
 """
@@ -42,6 +45,10 @@ from typing import Any
 MODULE = "nmt_tools.training.torch_train"
 PAD, BOS, EOS = 0, 1, 2
 WEIGHTS_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "trainer_state.json"
+RESUME_FILE = "resume.pt"
+# The flags a resumed run may change: how long and where it runs and how it reports, not what it
+# trains (a run begun on a CPU may end on a lent GPU).
+RESUME_MAY_CHANGE = {"minutes", "save_minutes", "log_seconds", "resume", "max_steps", "device"}
 
 
 @dataclass
@@ -329,6 +336,47 @@ class Trainer:
             save_checkpoint(averaged, self.config, state, args.out / "best", half=args.ema_half)
         return loss
 
+    def save_resume(self, train_seconds: float) -> None:
+        """Everything a later `--resume` needs to go on as if never stopped, written to a
+        temporary file and renamed so that a kill mid-write leaves the previous one."""
+        import torch
+
+        snapshot = {
+            "model": self.model.state_dict(),
+            "ema": self.ema,
+            "optimizer": self.optimizer.state_dict(),
+            "state": {**self.state, "train_seconds": train_seconds},
+            "best_dev_loss": self.best_dev_loss,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
+        }
+        path = self.args.out / RESUME_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(snapshot, path.with_name(RESUME_FILE + ".tmp"))
+        path.with_name(RESUME_FILE + ".tmp").replace(path)
+
+    def resume(self) -> float:
+        """Loads `OUT/resume.pt`; the seconds trained before. Refuses a snapshot of another run."""
+        import torch
+
+        snapshot = torch.load(self.args.out / RESUME_FILE, map_location=self.device, weights_only=False)
+        saved = {k: v for k, v in snapshot["state"]["args"].items() if k not in RESUME_MAY_CHANGE}
+        asked = {k: v for k, v in self.state["args"].items() if k not in RESUME_MAY_CHANGE}
+        if saved != asked:
+            changed = sorted(k for k in saved.keys() | asked.keys() if saved.get(k) != asked.get(k))
+            raise SystemExit(f"{MODULE}: --resume with other settings than the snapshot's: {', '.join(changed)}")
+        self.model.load_state_dict(snapshot["model"])
+        with torch.no_grad():
+            for kept, saved_average in zip(self.ema, snapshot["ema"], strict=True):
+                kept.copy_(saved_average)
+        self.optimizer.load_state_dict(snapshot["optimizer"])
+        self.state = {**snapshot["state"], "args": self.state["args"]}
+        self.best_dev_loss = snapshot["best_dev_loss"]
+        torch.set_rng_state(snapshot["rng"].cpu())
+        if snapshot["cuda_rng"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(snapshot["cuda_rng"])
+        return float(self.state.pop("train_seconds"))
+
     def finish(self, dev: Sequence[Example], train_seconds: float) -> None:
         """Writes OUT/last and OUT/ema, each with its dev loss."""
         args = self.args
@@ -363,9 +411,16 @@ def train(args: argparse.Namespace) -> None:
         dev = [e for e in dev if low <= len(e.source) - 1 <= high]
     print(f"{len(examples)} training examples, {len(dev)} dev, ready in {time.monotonic() - started:.0f} s", flush=True)
     trainer = Trainer(args, config, len(examples))
-    train_started = time.monotonic()
-    last_save, last_log, logged_tokens = train_started, train_started, 0
-    for epoch, indices in endless_batches(examples, args.batch_tokens, args.seed):
+    trained_before = 0.0
+    if args.resume and (args.out / RESUME_FILE).exists():
+        trained_before = trainer.resume()
+        print(f"resumed at step {trainer.state['step']} after {trained_before:.0f} s of training", flush=True)
+    # The batch order is a function of the seed alone: a resumed run skips the batches it has seen.
+    batches = itertools.islice(endless_batches(examples, args.batch_tokens, args.seed), trainer.state["step"], None)
+    train_started = time.monotonic() - trained_before
+    last_save, last_log = time.monotonic(), time.monotonic()
+    logged_tokens = trainer.state["target_tokens_seen"]
+    for epoch, indices in batches:
         if time.monotonic() - started > args.minutes * 60 or 0 < args.max_steps <= trainer.state["step"]:
             break
         rows = [examples[i] for i in indices]
@@ -379,12 +434,16 @@ def train(args: argparse.Namespace) -> None:
                 flush=True,
             )
             last_log, logged_tokens = now, trainer.state["target_tokens_seen"]
-        if now - last_save > args.save_minutes * 60:
-            save_checkpoint(trainer.model, config, trainer.state, args.out / "last")
-            last_save = now
         if args.eval_steps and trainer.state["step"] % args.eval_steps == 0:
             loss = trainer.keep_best(dev, now - train_started)
             print(f"step {trainer.state['step']} dev nll (moving average) {loss:.4f}", flush=True)
+        if now - last_save > args.save_minutes * 60:
+            save_checkpoint(trainer.model, config, trainer.state, args.out / "last")
+            if args.resume:
+                trainer.save_resume(time.monotonic() - train_started)
+            last_save = now
+    if args.resume:
+        trainer.save_resume(time.monotonic() - train_started)
     trainer.finish(dev, time.monotonic() - train_started)
 
 
@@ -493,7 +552,13 @@ def main(argv: list[str] | None = None) -> None:
         "choosing a checkpoint then looks at no length the run is not trained on",
     )
     run.add_argument("--ema-half", action="store_true", help="write OUT/ema in float16 (half the bytes)")
-    run.add_argument("--bf16", action="store_true", help="bfloat16 autocast (GPU)")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"go on from OUT/{RESUME_FILE} when it exists, and keep it up to date (every --save-minutes "
+        "and at the end); refused when the snapshot was trained with other settings",
+    )
+    run.add_argument("--bf16", action="store_true", help="bfloat16 autocast (a GPU, or a CPU with AMX or AVX-512 BF16)")
     run.add_argument("--device", default="cuda", help="torch device")
     run.add_argument("--seed", type=int, default=1, help="seed of batches, dropout and joined examples")
     check = commands.add_parser("dev-loss", help="the dev loss of a checkpoint (compare with nmt-train's)")
