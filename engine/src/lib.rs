@@ -6,7 +6,8 @@
 //! - [`contract`]: checking a package's graphs against the decoder-step contract
 //!   (`model_package::names`) and its manifest.
 //! - [`onnx`]: loading ONNX Runtime, opening the graphs, and [`onnx::OrtBackend`], the
-//!   [`backend::Backend`] that runs them; [`slots`], its KV-cache buffers.
+//!   [`backend::Backend`] that runs them; [`slots`], its KV-cache buffers; [`fused`], the
+//!   kernels of the graphs' fused operators.
 //! - [`decode`]: greedy decoding over a running batch that rows join and leave, written
 //!   against [`backend::Backend`] only; [`logits`], the rules applied to each step's logits.
 //! - [`length`]: length control (target lengths, modes, `max_chars`) and [`predictor`],
@@ -29,6 +30,7 @@ pub mod contract;
 pub mod decode;
 pub mod ending;
 pub mod error;
+pub mod fused;
 pub mod length;
 pub mod limits;
 pub mod logits;

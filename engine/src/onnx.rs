@@ -185,6 +185,8 @@ pub(crate) fn session_builder(
             .with_intra_threads(threads)
             .map_err(configure)?
             .with_inter_threads(1)
+            .map_err(configure)?
+            .with_operators(crate::fused::domain().map_err(|e| anyhow!("fused operators: {e}"))?)
             .map_err(configure)?;
         match pattern {
             RunPattern::Steps => Ok(builder),

@@ -49,18 +49,28 @@ pub fn checkpoint_from_package(args: &CheckpointArgs) -> anyhow::Result<usize> {
     }
     let weights = weights_for(&config, &initializers)?;
     let count = weights.len();
-    let state: TrainerState = serde_json::from_value(manifest.training.clone())
-        .context("the package's manifest records no trainer state")?;
+    // A package whose weights were trained elsewhere (PyTorch on a lent GPU, imported) may
+    // record no trainer state: its checkpoint then holds the weights and config alone, which
+    // is all that exporting and `--init-from` read; resuming it as a run is not possible.
+    let state: Option<TrainerState> = match &manifest.training {
+        serde_json::Value::Null => None,
+        training => Some(
+            serde_json::from_value(training.clone())
+                .context("reading the trainer state the package's manifest records")?,
+        ),
+    };
     checkpoint::write_atomically(&args.out, |tmp| {
         candle_core::safetensors::save(&weights, tmp.join(checkpoint::WEIGHTS_FILE))?;
         std::fs::write(
             tmp.join(checkpoint::CONFIG_FILE),
             serde_json::to_string_pretty(&config)?,
         )?;
-        std::fs::write(
-            tmp.join(checkpoint::STATE_FILE),
-            serde_json::to_string_pretty(&state)?,
-        )?;
+        if let Some(state) = &state {
+            std::fs::write(
+                tmp.join(checkpoint::STATE_FILE),
+                serde_json::to_string_pretty(state)?,
+            )?;
+        }
         Ok(())
     })?;
     Ok(count)

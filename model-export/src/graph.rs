@@ -3,10 +3,12 @@
 //! (`decoder.layers.1.cross_attn`) so a graph reads like the model it came from.
 
 use crate::proto::{
-    attribute_type, data_location, data_type, AttributeProto, Dimension, GraphProto, ModelProto,
-    NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto, TensorShapeProto,
-    TypeProto, TypeProtoTensor, ValueInfoProto, IR_VERSION, OPSET,
+    attribute_type, data_location, data_type, AttributeProto, Dimension, FunctionProto, GraphProto,
+    ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
+    TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto, IR_VERSION, OPSET,
 };
+
+use model_package::names;
 
 /// A graph input/output axis: symbolic (`"batch"`) or fixed.
 #[derive(Clone, Debug)]
@@ -112,6 +114,27 @@ pub struct Graph {
     outputs: Vec<ValueInfoProto>,
     scope: Vec<String>,
     counter: usize,
+    /// The bodies of the fused operators the graph uses, one per operator.
+    functions: Vec<FunctionProto>,
+}
+
+/// A node of a fused operator's body: `(op_type, inputs, outputs, attributes)`.
+pub type BodyNode = (
+    &'static str,
+    Vec<&'static str>,
+    Vec<&'static str>,
+    Vec<AttributeProto>,
+);
+
+/// A fused operator of [`model_package::names::FUSED_DOMAIN`]: its name and the body of
+/// standard operators that defines it, over the formal `inputs` and `outputs`.
+pub struct Fused {
+    pub op_type: &'static str,
+    pub doc: &'static str,
+    pub inputs: &'static [&'static str],
+    pub outputs: &'static [&'static str],
+    /// `(op_type, inputs, outputs, attributes)` in order, over the formal names.
+    pub body: Vec<BodyNode>,
 }
 
 impl Graph {
@@ -274,6 +297,54 @@ impl Graph {
         });
     }
 
+    /// Appends a node of the fused operator `op` (declaring its function the first time) and
+    /// returns its output's name.
+    pub fn fused(&mut self, op: Fused, inputs: &[&str]) -> String {
+        assert_eq!(
+            inputs.len(),
+            op.inputs.len(),
+            "{} takes {:?}",
+            op.op_type,
+            op.inputs
+        );
+        let output = self.fresh(&op.op_type.to_lowercase());
+        self.nodes.push(NodeProto {
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: vec![output.clone()],
+            name: format!("{output}.node"),
+            op_type: op.op_type.into(),
+            attribute: vec![],
+            domain: names::FUSED_DOMAIN.into(),
+        });
+        if !self.functions.iter().any(|f| f.name == op.op_type) {
+            let node = op
+                .body
+                .into_iter()
+                .map(|(op_type, inputs, outputs, attribute)| NodeProto {
+                    input: inputs.into_iter().map(String::from).collect(),
+                    name: outputs[0].into(),
+                    output: outputs.into_iter().map(String::from).collect(),
+                    op_type: op_type.into(),
+                    attribute,
+                    domain: String::new(),
+                })
+                .collect();
+            self.functions.push(FunctionProto {
+                name: op.op_type.into(),
+                input: op.inputs.iter().map(|s| s.to_string()).collect(),
+                output: op.outputs.iter().map(|s| s.to_string()).collect(),
+                node,
+                doc_string: op.doc.into(),
+                opset_import: vec![OperatorSetIdProto {
+                    domain: String::new(),
+                    version: OPSET,
+                }],
+                domain: names::FUSED_DOMAIN.into(),
+            });
+        }
+        output
+    }
+
     /// Appends one node with `outputs` outputs (ONNX's `GRU`/`LSTM` give the sequence and
     /// the final states) and returns their names. An empty input name is an omitted
     /// optional input.
@@ -368,14 +439,20 @@ impl Graph {
                 input: self.inputs,
                 output: self.outputs,
             }),
-            opset_import: vec![OperatorSetIdProto {
+            opset_import: std::iter::once(OperatorSetIdProto {
                 domain: String::new(),
                 version: OPSET,
-            }],
+            })
+            .chain((!self.functions.is_empty()).then(|| OperatorSetIdProto {
+                domain: names::FUSED_DOMAIN.into(),
+                version: names::FUSED_DOMAIN_VERSION,
+            }))
+            .collect(),
             metadata_props: vec![StringStringEntryProto {
                 key: "contract".into(),
                 value: "model_package::names".into(),
             }],
+            functions: self.functions,
         }
     }
 }

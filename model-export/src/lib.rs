@@ -7,6 +7,7 @@
 //! directory imported as a package ([`marian`]).
 
 pub mod checkpoint;
+pub mod fused;
 pub mod graph;
 pub mod length_head;
 pub mod length_predictor;

@@ -42,6 +42,27 @@ pub struct ModelProto {
     pub opset_import: Vec<OperatorSetIdProto>,
     #[prost(message, repeated, tag = "14")]
     pub metadata_props: Vec<StringStringEntryProto>,
+    /// Model-local functions: operators of other domains defined by a body of standard ones.
+    #[prost(message, repeated, tag = "25")]
+    pub functions: Vec<FunctionProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct FunctionProto {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, repeated, tag = "4")]
+    pub input: Vec<String>,
+    #[prost(string, repeated, tag = "5")]
+    pub output: Vec<String>,
+    #[prost(message, repeated, tag = "7")]
+    pub node: Vec<NodeProto>,
+    #[prost(string, tag = "8")]
+    pub doc_string: String,
+    #[prost(message, repeated, tag = "9")]
+    pub opset_import: Vec<OperatorSetIdProto>,
+    #[prost(string, tag = "10")]
+    pub domain: String,
 }
 
 #[derive(Clone, PartialEq, Message)]

@@ -287,6 +287,17 @@ impl Exporter<'_> {
         relative: Option<(&Relative, &EncoderRelative)>,
         step: bool,
     ) -> Result<String> {
+        if step && relative.is_none() {
+            // A decoder step's cross-attention: one fused node, whose kernel in the engine
+            // reads each row's own source rather than the batch's longest.
+            let q = self.queries(g, attn, query, true)?;
+            let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
+            let context = g.fused(
+                crate::fused::attention_step(),
+                &[&q, keys, values, bias, &scale],
+            );
+            return self.merge_heads(g, attn, &context, true);
+        }
         let q = self.queries(g, attn, query, step)?;
         let kt = g.transpose(keys, &[0, 1, 3, 2]);
         let mut scores = g.matmul(&q, &kt);
@@ -374,6 +385,35 @@ impl Exporter<'_> {
     ) -> Result<String> {
         let (past, new) = (cache.past, cache.new);
         let relative = cache.tables.as_ref().zip(columns.relative.as_ref());
+        if let Some((
+            Relative {
+                keys,
+                values: Some(values),
+            },
+            rel,
+        )) = relative
+        {
+            // One fused node, whose kernel in the engine reads each row's own cache columns
+            // rather than the batch's longest.
+            let q = self.queries(g, attn, query, true)?;
+            let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
+            let inputs = [
+                q.as_str(),
+                past.0,
+                past.1,
+                new.0,
+                new.1,
+                &columns.bias,
+                &columns.split,
+                keys,
+                values,
+                &rel.rows,
+                &rel.zeros,
+                &scale,
+            ];
+            let context = g.fused(crate::fused::relative_cached_attention_step(), &inputs);
+            return self.merge_heads(g, attn, &context, true);
+        }
         let q = self.queries(g, attn, query, true)?;
         let past_kt = g.transpose(past.0, &[0, 1, 3, 2]);
         let new_kt = g.transpose(new.0, &[0, 1, 3, 2]);

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use model_package::{files, names, special, Manifest};
+use model_package::{files, names, special, Manifest, RelativeAttention};
 use nmt_train::model::Dropout;
 use nmt_train::model::Seq2Seq;
 use nmt_train::train::batch::{Batch, Example};
@@ -26,6 +26,41 @@ fn ort_session(path: &Path) -> Session {
         .unwrap()
         .commit_from_file(path)
         .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+/// A session as the engine opens one on the CPU: with the kernels of the fused operators,
+/// where [`ort_session`] runs their ONNX function bodies.
+fn ort_session_with_kernels(path: &Path) -> Session {
+    let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
+    Session::builder(&env)
+        .unwrap()
+        .with_intra_threads(1)
+        .unwrap()
+        .with_operators(nmt_engine::fused::domain().unwrap())
+        .unwrap()
+        .commit_from_file(path)
+        .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+/// How many nodes of `path`'s graph are fused operators, each with its function body.
+fn fused_nodes(path: &Path) -> usize {
+    use prost::Message;
+    let model =
+        model_export::proto::ModelProto::decode(std::fs::read(path).unwrap().as_slice()).unwrap();
+    let graph = model.graph.unwrap();
+    let fused: Vec<_> = graph
+        .node
+        .iter()
+        .filter(|n| n.domain == names::FUSED_DOMAIN)
+        .collect();
+    for node in &fused {
+        assert!(
+            model.functions.iter().any(|f| f.name == node.op_type),
+            "{} has no function body",
+            node.op_type
+        );
+    }
+    fused.len()
 }
 
 fn f32_tensor(shape: Vec<usize>, data: Vec<f32>) -> DynValue {
@@ -319,8 +354,58 @@ fn check_parity_after(preset: &str, steps: usize) {
     let batch = Batch::new(&rows, &Device::Cpu).unwrap();
 
     let mut encoder = ort_session(&package.join(files::ENCODER));
-    let mut decoder = ort_session(&package.join(files::DECODER));
     let memory = encode(&mut encoder, &batch);
+    // A Transformer decoder layer's cross-attention is one fused node, and so is its
+    // self-attention where relative tables add to keys and values: run as their function
+    // bodies (ONNX Runtime without the engine) and as the engine's kernels, both held to
+    // candle.
+    let config = model.config();
+    let fused_per_layer = match (config.architecture, config.relative_attention) {
+        (model_package::Architecture::Transformer, RelativeAttention::KeysValues)
+        | (model_package::Architecture::Transformer, RelativeAttention::Sinusoidal) => 2,
+        (model_package::Architecture::Transformer, _) => 1,
+        _ => 0,
+    };
+    assert_eq!(
+        fused_nodes(&package.join(files::DECODER)),
+        fused_per_layer * config.decoder_layers,
+        "fused attention nodes"
+    );
+    for (runs, mut decoder) in [
+        (
+            "function bodies",
+            ort_session(&package.join(files::DECODER)),
+        ),
+        (
+            "engine kernels",
+            ort_session_with_kernels(&package.join(files::DECODER)),
+        ),
+    ] {
+        check_decoder(
+            preset,
+            runs,
+            &mut decoder,
+            &model,
+            &manifest,
+            &batch,
+            &memory,
+        );
+    }
+    check_serving(&package, &manifest, &examples);
+}
+
+/// The decoder step graph run by `decoder` against candle: teacher-forced logits within
+/// [`LOGIT_TOLERANCE`] and identical greedy outputs.
+fn check_decoder(
+    preset: &str,
+    runs: &str,
+    decoder: &mut Session,
+    model: &nmt_train::model::Model,
+    manifest: &Manifest,
+    batch: &Batch,
+    memory: &HashMap<String, DynValue>,
+) {
+    let rows = batch.source_ids.dims2().unwrap().0;
 
     // Teacher forcing: feed the reference tokens, compare every real position's logits.
     // A length-aware decoder is asked for each reference's length.
@@ -346,9 +431,9 @@ fn check_parity_after(preset: &str, steps: usize) {
     let steps = inputs[0].len();
     let mut max_diff = 0f32;
     run_steps(
-        &mut decoder,
-        &manifest,
-        &memory,
+        decoder,
+        manifest,
+        memory,
         &target_lengths,
         steps,
         |step, row, logits| {
@@ -361,8 +446,7 @@ fn check_parity_after(preset: &str, steps: usize) {
         },
     );
     println!(
-        "{preset}: teacher-forced logits: max |onnx - candle| = {max_diff:e} over {} rows",
-        rows.len()
+        "{preset} ({runs}): teacher-forced logits: max |onnx - candle| = {max_diff:e} over {rows} rows"
     );
     assert!(
         max_diff <= LOGIT_TOLERANCE,
@@ -379,12 +463,12 @@ fn check_parity_after(preset: &str, steps: usize) {
             max_len,
         )
         .unwrap();
-    let mut produced: Vec<Vec<u32>> = vec![Vec::new(); rows.len()];
-    let mut finished = vec![false; rows.len()];
+    let mut produced: Vec<Vec<u32>> = vec![Vec::new(); rows];
+    let mut finished = vec![false; rows];
     run_steps(
-        &mut decoder,
-        &manifest,
-        &memory,
+        decoder,
+        manifest,
+        memory,
         &target_lengths,
         max_len,
         |_, row, logits| {
@@ -400,13 +484,11 @@ fn check_parity_after(preset: &str, steps: usize) {
         },
     );
     for (row, (ours, theirs)) in produced.iter().zip(&reference).enumerate() {
-        assert_eq!(ours, theirs, "row {row}: greedy outputs differ");
+        assert_eq!(ours, theirs, "row {row} ({runs}): greedy outputs differ");
     }
-    check_serving(&package, &manifest, &examples);
     let distinct: std::collections::HashSet<&Vec<u32>> = produced.iter().collect();
     println!(
-        "{preset}: greedy outputs identical on {} rows ({} distinct)",
-        rows.len(),
+        "{preset} ({runs}): greedy outputs identical on {rows} rows ({} distinct)",
         distinct.len()
     );
     assert!(

@@ -84,3 +84,30 @@ pub fn present(state: &str) -> String {
 pub const PREDICTOR_INPUT_IDS: &str = "input_ids";
 pub const PREDICTOR_ATTENTION_MASK: &str = "attention_mask";
 pub const PREDICTED_LENGTHS: &str = "predicted_lengths";
+
+/// The domain of this project's fused operators. Each is a model-local ONNX function: a
+/// runtime that has no kernel for it runs its body of standard operators (ONNX Runtime
+/// inlines it), the engine runs its own kernel in one node (`engine/src/fused.rs`).
+pub const FUSED_DOMAIN: &str = "nmt";
+/// Version of [`FUSED_DOMAIN`] the graphs import.
+pub const FUSED_DOMAIN_VERSION: i64 = 1;
+/// One query per row attending over keys and values with an additive bias:
+/// `softmax(q k^T * scale + bias) v`. Inputs `q` `[batch, heads, 1, head_dim]`, `keys` and
+/// `values` `[batch, heads, len, head_dim]`, `bias` `[batch, 1, 1, len]`, `scale` a float
+/// scalar; output `[batch, heads, 1, head_dim]`. A column whose bias is at most
+/// [`SKIPPED_BIAS`] adds nothing (its probability underflows to 0), so a kernel may skip
+/// it: a row reads only its own source, not the batch's longest.
+pub const ATTENTION_STEP: &str = "AttentionStep";
+/// A decoder step's self-attention with Shaw et al.'s relative keys and values: one query
+/// per row over its cache `past_keys`/`past_values` `[batch, heads, past_len, head_dim]` and
+/// its own `new_key`/`new_value` `[batch, heads, 1, head_dim]`; `bias`
+/// `[batch, 1, 1, past_len + 1]` leaves a row its own cache columns (a prefix) and its new
+/// one; `rows` `[batch, heads, 1, past_len + 1]` int64 are the relative tables' rows
+/// (`[2k + 1, head_dim]` keys and values) of those columns; `split` (`[past_len, 1]`) and
+/// `zeros` (`[batch, heads, 1, 2k + 1]`) serve the function body only. Output
+/// `[batch, heads, 1, head_dim]`. As [`ATTENTION_STEP`], a column whose bias is at most
+/// [`SKIPPED_BIAS`] may be skipped: a row reads its own cache, not the batch's longest.
+pub const RELATIVE_CACHED_ATTENTION_STEP: &str = "RelativeCachedAttentionStep";
+/// The bias at or below which a column of [`ATTENTION_STEP`] has probability 0 (the graphs
+/// mask with -1e9; `exp` of anything below about -104 is 0 in float32).
+pub const SKIPPED_BIAS: f32 = -1e4;

@@ -1,0 +1,643 @@
+//! Kernels of the fused operators a package's graphs may hold
+//! ([`model_package::names::FUSED_DOMAIN`]), registered with ONNX Runtime's CPU sessions.
+//!
+//! Each operator is also a model-local ONNX function, so that a runtime without these
+//! kernels (Python's ONNX Runtime, the CUDA path, where a CPU kernel would copy every step's
+//! tensors to the host) runs its body of standard operators instead. What a kernel adds is
+//! what the body cannot express: [`names::ATTENTION_STEP`]'s body multiplies every row's
+//! query with every column of the batch's memory, padding included, where the kernel reads
+//! only the columns the row's bias leaves visible, i.e. the row's own source rather than
+//! the longest in a running batch.
+
+use model_package::names;
+use ort::operator::{ComputeContext, Kernel, KernelContext, Operator, OperatorDomain};
+use ort::operator::{OperatorInput, OperatorOutput};
+use ort::value::TensorElementType;
+
+/// The domain holding every kernel of this module, for `SessionBuilder::with_operators`
+/// (every CPU session of the engine has it).
+pub fn domain() -> ort::Result<OperatorDomain> {
+    OperatorDomain::new(names::FUSED_DOMAIN)?
+        .add(AttentionStep)?
+        .add(RelativeCachedAttentionStep)
+}
+
+/// An input of a kernel's call, or an error naming the operator.
+fn input<'a>(ctx: &'a ComputeContext, op: &str, i: usize) -> ort::Result<ort::value::ValueRef<'a>> {
+    ctx.input(i)?
+        .ok_or_else(|| ort::Error::new(format!("{op}: input {i} missing")))
+}
+
+/// Operator and kernel of [`names::ATTENTION_STEP`] (it holds no state).
+#[derive(Clone, Copy)]
+struct AttentionStep;
+
+impl Operator for AttentionStep {
+    type Kernel<'attr> = AttentionStep;
+
+    fn name(&self) -> &str {
+        names::ATTENTION_STEP
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        (0..5).map(|_| OperatorInput::required(TensorElementType::Float32))
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        [OperatorOutput::required(TensorElementType::Float32)]
+    }
+
+    fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
+        Ok(AttentionStep)
+    }
+}
+
+impl Kernel for AttentionStep {
+    fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
+        let input = |i: usize| input(ctx, names::ATTENTION_STEP, i);
+        let (q, keys, values, bias, scale) =
+            (input(0)?, input(1)?, input(2)?, input(3)?, input(4)?);
+        let (q_shape, q) = q.try_extract_tensor::<f32>()?;
+        let (key_shape, keys) = keys.try_extract_tensor::<f32>()?;
+        let (_, values) = values.try_extract_tensor::<f32>()?;
+        let (_, bias) = bias.try_extract_tensor::<f32>()?;
+        let (_, scale) = scale.try_extract_tensor::<f32>()?;
+        let counts = [keys.len(), values.len(), bias.len()];
+        let shape = StepShape::new(&q_shape[..], &key_shape[..], counts)
+            .map_err(|e| ort::Error::new(format!("{}: {e}", names::ATTENTION_STEP)))?;
+        let out_shape = q_shape.to_vec();
+        let mut out = ctx
+            .output(0, out_shape)?
+            .ok_or_else(|| ort::Error::new(format!("{}: no output", names::ATTENTION_STEP)))?;
+        let (_, out) = out.try_extract_tensor_mut::<f32>()?;
+        let inputs = StepInputs {
+            shape,
+            q,
+            keys,
+            values,
+            bias,
+            scale: scale.first().copied().unwrap_or(1.0),
+        };
+        attention_step(&inputs, out);
+        Ok(())
+    }
+}
+
+/// `[batch, heads, len, head_dim]` of an [`names::ATTENTION_STEP`]'s keys, checked against
+/// its query `[batch, heads, 1, head_dim]` and bias `[batch, 1, 1, len]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StepShape {
+    batch: usize,
+    heads: usize,
+    len: usize,
+    head_dim: usize,
+}
+
+impl StepShape {
+    /// `counts`: how many values the keys, values and bias hold.
+    fn new(q: &[i64], keys: &[i64], counts: [usize; 3]) -> Result<Self, String> {
+        let [key_count, value_count, bias_count] = counts;
+        let [batch, heads, len, head_dim] = <[i64; 4]>::try_from(keys)
+            .map_err(|_| format!("keys of rank {} where 4 is expected", keys.len()))?
+            .map(|d| d as usize);
+        if q != [batch as i64, heads as i64, 1, head_dim as i64] {
+            return Err(format!("query {q:?} for keys {keys:?}"));
+        }
+        let cells = batch * heads * len * head_dim;
+        if key_count != cells || value_count != cells || bias_count != batch * len {
+            return Err(format!(
+                "{value_count} values and {bias_count} biases for keys {keys:?}"
+            ));
+        }
+        Ok(Self {
+            batch,
+            heads,
+            len,
+            head_dim,
+        })
+    }
+}
+
+struct StepInputs<'a> {
+    shape: StepShape,
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    bias: &'a [f32],
+    scale: f32,
+}
+
+/// `softmax(q k^T * scale + bias) v` per row and head, over the columns whose bias is above
+/// [`names::SKIPPED_BIAS`] (all of them where none is: the body's softmax is then uniform).
+fn attention_step(x: &StepInputs<'_>, out: &mut [f32]) {
+    let StepShape {
+        batch,
+        heads,
+        len,
+        head_dim,
+    } = x.shape;
+    let mut visible = Vec::with_capacity(len);
+    let mut weights = Vec::with_capacity(len);
+    for row in 0..batch {
+        let bias = &x.bias[row * len..(row + 1) * len];
+        visible.clear();
+        visible.extend((0..len).filter(|&j| bias[j] > names::SKIPPED_BIAS));
+        if visible.is_empty() {
+            visible.extend(0..len);
+        }
+        for head in 0..heads {
+            let at = row * heads + head;
+            let q = &x.q[at * head_dim..(at + 1) * head_dim];
+            let keys = &x.keys[at * len * head_dim..(at + 1) * len * head_dim];
+            let values = &x.values[at * len * head_dim..(at + 1) * len * head_dim];
+            weights.clear();
+            weights.extend(
+                visible
+                    .iter()
+                    .map(|&j| dot(q, &keys[j * head_dim..(j + 1) * head_dim]) * x.scale + bias[j]),
+            );
+            let context = &mut out[at * head_dim..(at + 1) * head_dim];
+            softmax_weigh(
+                &mut weights,
+                context,
+                visible
+                    .iter()
+                    .map(|&j| [&values[j * head_dim..(j + 1) * head_dim]]),
+            );
+        }
+    }
+}
+
+/// Operator and kernel of [`names::RELATIVE_CACHED_ATTENTION_STEP`].
+#[derive(Clone, Copy)]
+struct RelativeCachedAttentionStep;
+
+impl Operator for RelativeCachedAttentionStep {
+    type Kernel<'attr> = RelativeCachedAttentionStep;
+
+    fn name(&self) -> &str {
+        names::RELATIVE_CACHED_ATTENTION_STEP
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        // q, past keys and values, new key and value, bias, split, relative keys and values,
+        // rows, zeros, scale.
+        use TensorElementType::{Float32, Int64};
+        [
+            Float32, Float32, Float32, Float32, Float32, Float32, Int64, Float32, Float32, Int64,
+            Float32, Float32,
+        ]
+        .map(OperatorInput::required)
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        [OperatorOutput::required(TensorElementType::Float32)]
+    }
+
+    fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
+        Ok(RelativeCachedAttentionStep)
+    }
+}
+
+impl Kernel for RelativeCachedAttentionStep {
+    fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
+        let op = names::RELATIVE_CACHED_ATTENTION_STEP;
+        let input = |i: usize| input(ctx, op, i);
+        let (q, past_keys, past_values) = (input(0)?, input(1)?, input(2)?);
+        let (new_key, new_value, bias) = (input(3)?, input(4)?, input(5)?);
+        let (relative_keys, relative_values, rows, scale) =
+            (input(7)?, input(8)?, input(9)?, input(11)?);
+        let (q_shape, q) = q.try_extract_tensor::<f32>()?;
+        let (past_shape, past_keys) = past_keys.try_extract_tensor::<f32>()?;
+        let (table_shape, relative_keys) = relative_keys.try_extract_tensor::<f32>()?;
+        let x = CachedInputs {
+            q,
+            past_keys,
+            past_values: past_values.try_extract_tensor::<f32>()?.1,
+            new_key: new_key.try_extract_tensor::<f32>()?.1,
+            new_value: new_value.try_extract_tensor::<f32>()?.1,
+            bias: bias.try_extract_tensor::<f32>()?.1,
+            relative_keys,
+            relative_values: relative_values.try_extract_tensor::<f32>()?.1,
+            rows: rows.try_extract_tensor::<i64>()?.1,
+            scale: scale
+                .try_extract_tensor::<f32>()?
+                .1
+                .first()
+                .copied()
+                .unwrap_or(1.0),
+            shape: CachedShape::new(&q_shape[..], &past_shape[..], &table_shape[..])
+                .map_err(|e| ort::Error::new(format!("{op}: {e}")))?,
+        };
+        x.check()
+            .map_err(|e| ort::Error::new(format!("{op}: {e}")))?;
+        let mut out = ctx
+            .output(0, q_shape.to_vec())?
+            .ok_or_else(|| ort::Error::new(format!("{op}: no output")))?;
+        let (_, out) = out.try_extract_tensor_mut::<f32>()?;
+        relative_cached_attention_step(&x, out);
+        Ok(())
+    }
+}
+
+/// A [`names::RELATIVE_CACHED_ATTENTION_STEP`]'s sizes: `past` cache columns, `table` rows
+/// of the relative tables (2k + 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CachedShape {
+    batch: usize,
+    heads: usize,
+    past: usize,
+    head_dim: usize,
+    table: usize,
+}
+
+impl CachedShape {
+    fn new(q: &[i64], past: &[i64], table: &[i64]) -> Result<Self, String> {
+        let [batch, heads, past_len, head_dim] = <[i64; 4]>::try_from(past)
+            .map_err(|_| format!("a cache of rank {} where 4 is expected", past.len()))?;
+        if q != [batch, heads, 1, head_dim] {
+            return Err(format!("query {q:?} for a cache {past:?}"));
+        }
+        if table.len() != 2 || table[1] != head_dim {
+            return Err(format!("relative tables {table:?} for a cache {past:?}"));
+        }
+        Ok(Self {
+            batch: batch as usize,
+            heads: heads as usize,
+            past: past_len as usize,
+            head_dim: head_dim as usize,
+            table: table[0] as usize,
+        })
+    }
+}
+
+struct CachedInputs<'a> {
+    shape: CachedShape,
+    q: &'a [f32],
+    past_keys: &'a [f32],
+    past_values: &'a [f32],
+    new_key: &'a [f32],
+    new_value: &'a [f32],
+    bias: &'a [f32],
+    relative_keys: &'a [f32],
+    relative_values: &'a [f32],
+    rows: &'a [i64],
+    scale: f32,
+}
+
+impl CachedInputs<'_> {
+    /// Every input's size against the shape, and every table row in range: the kernel then
+    /// indexes without failing.
+    fn check(&self) -> Result<(), String> {
+        let CachedShape {
+            batch,
+            heads,
+            past,
+            head_dim,
+            table,
+        } = self.shape;
+        let columns = batch * heads * (past + 1);
+        let sizes = [
+            (
+                "past values",
+                self.past_values.len(),
+                batch * heads * past * head_dim,
+            ),
+            ("new key", self.new_key.len(), batch * heads * head_dim),
+            ("new value", self.new_value.len(), batch * heads * head_dim),
+            ("bias", self.bias.len(), batch * (past + 1)),
+            (
+                "relative values",
+                self.relative_values.len(),
+                table * head_dim,
+            ),
+            ("rows", self.rows.len(), columns),
+        ];
+        for (what, got, want) in sizes {
+            if got != want {
+                return Err(format!("{what}: {got} values where {want} are expected"));
+            }
+        }
+        match self.rows.iter().find(|&&r| r < 0 || r as usize >= table) {
+            Some(r) => Err(format!("table row {r} outside 0..{table}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// [`names::RELATIVE_CACHED_ATTENTION_STEP`] per row and head over the row's visible cache
+/// columns and its new one: `softmax((q k_j + q a_j) * scale + bias_j)` weighs `v_j + b_j`,
+/// `a_j`/`b_j` the relative tables' rows of column `j`.
+fn relative_cached_attention_step(x: &CachedInputs<'_>, out: &mut [f32]) {
+    let CachedShape {
+        batch,
+        heads,
+        past,
+        head_dim: dh,
+        ..
+    } = x.shape;
+    let width = past + 1;
+    let mut visible = Vec::with_capacity(width);
+    let mut weights = Vec::with_capacity(width);
+    for row in 0..batch {
+        let bias = &x.bias[row * width..(row + 1) * width];
+        visible.clear();
+        visible.extend((0..width).filter(|&j| bias[j] > names::SKIPPED_BIAS));
+        if visible.is_empty() {
+            visible.extend(0..width);
+        }
+        for head in 0..heads {
+            let at = row * heads + head;
+            let q = &x.q[at * dh..(at + 1) * dh];
+            let rows = &x.rows[at * width..(at + 1) * width];
+            let key = |j: usize| match j < past {
+                true => &x.past_keys[(at * past + j) * dh..(at * past + j + 1) * dh],
+                false => &x.new_key[at * dh..(at + 1) * dh],
+            };
+            let value = |j: usize| match j < past {
+                true => &x.past_values[(at * past + j) * dh..(at * past + j + 1) * dh],
+                false => &x.new_value[at * dh..(at + 1) * dh],
+            };
+            let table_row = |j: usize| rows[j] as usize * dh..(rows[j] as usize + 1) * dh;
+            weights.clear();
+            weights.extend(visible.iter().map(|&j| {
+                let score = dot(q, key(j)) + dot(q, &x.relative_keys[table_row(j)]);
+                score * x.scale + bias[j]
+            }));
+            let context = &mut out[at * dh..(at + 1) * dh];
+            softmax_weigh(
+                &mut weights,
+                context,
+                visible
+                    .iter()
+                    .map(|&j| [value(j), &x.relative_values[table_row(j)]]),
+            );
+        }
+    }
+}
+
+/// Normalises `scores` in place (softmax) and writes into `context` the sum of each
+/// column's vectors weighted by its probability.
+fn softmax_weigh<'v, const N: usize>(
+    scores: &mut [f32],
+    context: &mut [f32],
+    vectors: impl Iterator<Item = [&'v [f32]; N]>,
+) {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for w in scores.iter_mut() {
+        *w = (*w - max).exp();
+        sum += *w;
+    }
+    context.fill(0.0);
+    for (w, column) in scores.iter().zip(vectors) {
+        for v in column {
+            axpy(w / sum, v, context);
+        }
+    }
+}
+
+/// Sixteen partial sums, which the compiler keeps in vector registers.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut partial = [0.0f32; 16];
+    let (a_blocks, b_blocks) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = a_blocks
+        .remainder()
+        .iter()
+        .zip(b_blocks.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a_blocks.zip(b_blocks) {
+        for i in 0..16 {
+            partial[i] += x[i] * y[i];
+        }
+    }
+    partial.iter().sum::<f32>() + tail
+}
+
+/// `out += w * v`.
+fn axpy(w: f32, v: &[f32], out: &mut [f32]) {
+    for (o, x) in out.iter_mut().zip(v) {
+        *o += w * x;
+    }
+}
+
+#[cfg(test)]
+// The references index as the formulas do.
+#[allow(clippy::needless_range_loop)]
+mod tests {
+    use super::*;
+
+    /// The body of the ONNX function, computed plainly: every column, masked ones included.
+    fn reference(x: &StepInputs<'_>) -> Vec<f32> {
+        let StepShape {
+            batch,
+            heads,
+            len,
+            head_dim,
+        } = x.shape;
+        let mut out = vec![0.0; batch * heads * head_dim];
+        for row in 0..batch {
+            for head in 0..heads {
+                let at = row * heads + head;
+                let scores: Vec<f64> = (0..len)
+                    .map(|j| {
+                        let k = &x.keys[(at * len + j) * head_dim..][..head_dim];
+                        let q = &x.q[at * head_dim..][..head_dim];
+                        let s: f64 = q.iter().zip(k).map(|(a, b)| (a * b) as f64).sum();
+                        // Added in float32, as the graph adds: -1e9 swallows the score.
+                        ((s as f32) * x.scale + x.bias[row * len + j]) as f64
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for (j, w) in e.iter().enumerate() {
+                    for d in 0..head_dim {
+                        out[at * head_dim + d] +=
+                            (w / sum * x.values[(at * len + j) * head_dim + d] as f64) as f32;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn numbers(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2000) as f32
+                    / 1000.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn skipping_masked_columns_gives_the_bodys_result() {
+        let shape = StepShape {
+            batch: 3,
+            heads: 2,
+            len: 7,
+            head_dim: 20,
+        };
+        let size = shape.batch * shape.heads * shape.len * shape.head_dim;
+        let (q, keys, values) = (
+            numbers(shape.batch * shape.heads * shape.head_dim, 1),
+            numbers(size, 2),
+            numbers(size, 3),
+        );
+        // Row 0 sees 3 columns, row 1 all 7, row 2 none (uniform over all, as the body).
+        let mut bias = vec![0.0; shape.batch * shape.len];
+        for j in 3..7 {
+            bias[j] = -1e9;
+        }
+        for j in 0..7 {
+            bias[14 + j] = -1e9;
+        }
+        bias[8] = -0.5; // an ordinary additive bias stays
+        let inputs = StepInputs {
+            shape,
+            q: &q,
+            keys: &keys,
+            values: &values,
+            bias: &bias,
+            scale: 0.125,
+        };
+        let mut out = vec![f32::NAN; q.len()];
+        attention_step(&inputs, &mut out);
+        for (got, want) in out.iter().zip(reference(&inputs)) {
+            assert!((got - want).abs() < 1e-5, "{got} against {want}");
+        }
+    }
+
+    /// The relative step's function body computed plainly: every column, the relative
+    /// terms gathered for the scores and scattered into per-row masses for the values.
+    fn relative_reference(x: &CachedInputs<'_>) -> Vec<f32> {
+        let CachedShape {
+            batch,
+            heads,
+            past,
+            head_dim: dh,
+            table,
+        } = x.shape;
+        let width = past + 1;
+        let mut out = vec![0.0; batch * heads * dh];
+        for row in 0..batch {
+            for head in 0..heads {
+                let at = row * heads + head;
+                let q = &x.q[at * dh..][..dh];
+                let dot64 = |a: &[f32], b: &[f32]| -> f32 {
+                    a.iter().zip(b).map(|(x, y)| (x * y) as f64).sum::<f64>() as f32
+                };
+                let by_row: Vec<f32> = (0..table)
+                    .map(|t| dot64(q, &x.relative_keys[t * dh..][..dh]))
+                    .collect();
+                let key = |j: usize| match j < past {
+                    true => &x.past_keys[(at * past + j) * dh..][..dh],
+                    false => &x.new_key[at * dh..][..dh],
+                };
+                let value = |j: usize| match j < past {
+                    true => &x.past_values[(at * past + j) * dh..][..dh],
+                    false => &x.new_value[at * dh..][..dh],
+                };
+                let rows = &x.rows[at * width..][..width];
+                let scores: Vec<f64> = (0..width)
+                    .map(|j| {
+                        let s = dot64(q, key(j)) + by_row[rows[j] as usize];
+                        (s * x.scale + x.bias[row * width + j]) as f64
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let mut mass = vec![0.0f64; table];
+                let mut context = vec![0.0f64; dh];
+                for j in 0..width {
+                    let p = e[j] / sum;
+                    mass[rows[j] as usize] += p;
+                    for d in 0..dh {
+                        context[d] += p * value(j)[d] as f64;
+                    }
+                }
+                for (t, m) in mass.iter().enumerate() {
+                    for d in 0..dh {
+                        context[d] += m * x.relative_values[t * dh + d] as f64;
+                    }
+                }
+                for d in 0..dh {
+                    out[at * dh + d] = context[d] as f32;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_relative_step_reads_each_rows_own_cache_and_gives_the_bodys_result() {
+        let shape = CachedShape {
+            batch: 3,
+            heads: 2,
+            past: 6,
+            head_dim: 16,
+            table: 5,
+        };
+        let (b, h, p, dh) = (shape.batch, shape.heads, shape.past, shape.head_dim);
+        let cache = b * h * p * dh;
+        let (q, past_keys, past_values) =
+            (numbers(b * h * dh, 4), numbers(cache, 5), numbers(cache, 6));
+        let (new_key, new_value) = (numbers(b * h * dh, 7), numbers(b * h * dh, 8));
+        let (relative_keys, relative_values) =
+            (numbers(shape.table * dh, 9), numbers(shape.table * dh, 10));
+        // Rows at positions 2, 6 and 0: each owns a prefix of the cache and its new column;
+        // a column's table row is its distance to the row's position, clipped to +-2.
+        let positions = [2usize, 6, 0];
+        let mut bias = vec![0.0; b * (p + 1)];
+        let mut rows = vec![0i64; b * h * (p + 1)];
+        for (row, &at) in positions.iter().enumerate() {
+            for j in 0..=p {
+                let owned = j == p || j < at;
+                bias[row * (p + 1) + j] = if owned { 0.0 } else { -1e9 };
+                let distance = if j == p { 0 } else { j as i64 - at as i64 };
+                for head in 0..h {
+                    rows[(row * h + head) * (p + 1) + j] = distance.clamp(-2, 2) + 2;
+                }
+            }
+        }
+        let x = CachedInputs {
+            shape,
+            q: &q,
+            past_keys: &past_keys,
+            past_values: &past_values,
+            new_key: &new_key,
+            new_value: &new_value,
+            bias: &bias,
+            relative_keys: &relative_keys,
+            relative_values: &relative_values,
+            rows: &rows,
+            scale: 0.25,
+        };
+        x.check().unwrap();
+        let mut out = vec![f32::NAN; q.len()];
+        relative_cached_attention_step(&x, &mut out);
+        for (got, want) in out.iter().zip(relative_reference(&x)) {
+            assert!((got - want).abs() < 1e-5, "{got} against {want}");
+        }
+        // A table row out of range is an error, not a panic.
+        let mut bad = rows.clone();
+        bad[3] = 5;
+        assert!(CachedInputs { rows: &bad, ..x }.check().is_err());
+    }
+
+    #[test]
+    fn shapes_that_do_not_fit_are_refused() {
+        assert!(StepShape::new(&[2, 4, 1, 8], &[2, 4, 5, 8], [320, 320, 10]).is_ok());
+        assert!(StepShape::new(&[2, 4, 1, 8], &[2, 4, 5, 8], [320, 320, 12]).is_err());
+        assert!(StepShape::new(&[2, 4, 1, 8], &[2, 4, 5, 8], [320, 300, 10]).is_err());
+        assert!(StepShape::new(&[2, 4, 2, 8], &[2, 4, 5, 8], [320, 320, 10]).is_err());
+        assert!(StepShape::new(&[2, 4, 1, 8], &[2, 4, 5], [40, 40, 10]).is_err());
+        assert!(CachedShape::new(&[2, 4, 1, 8], &[2, 4, 5, 8], &[33, 8]).is_ok());
+        assert!(CachedShape::new(&[2, 4, 1, 8], &[2, 4, 5, 8], &[33, 4]).is_err());
+        assert!(CachedShape::new(&[2, 3, 1, 8], &[2, 4, 5, 8], &[33, 8]).is_err());
+    }
+}
