@@ -6,7 +6,10 @@
 //! the longest source's memory and the longest output's cache, since the slots are padded to
 //! them (`engine::onnx`). A row decoding beside a source of 1,024 subwords costs about five
 //! times what it costs beside a verse, and encoding that source about 30 times what its
-//! tokens' share of a verse's would.
+//! tokens' share of a verse's would. Since session 26 the shipped packages' attention is
+//! fused (`engine::fused`): a row reads only its own source and cache, so a short row beside a
+//! long one costs less than this prices it; the formula stays the padded worst case (it errs
+//! toward refusing) until a refit per row's own lengths.
 //!
 //! One cost unit is one row of a decoder step with nothing to attend to. A step of `rows` rows
 //! whose longest source has `s` tokens and whose longest output is at position `p` costs
