@@ -814,7 +814,7 @@ impl Writer<'_> {
 
     /// `softmax(scores * head_dim^-0.5 + bias)`.
     fn probabilities(&self, g: &mut Graph, scores: &str, bias: &str) -> String {
-        let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
+        let scale = self.scale(g);
         let scores = g.mul(scores, &scale);
         let scores = g.add(&scores, bias);
         g.softmax_last(&scores)
@@ -836,11 +836,22 @@ impl Writer<'_> {
         } else {
             self.split_heads(g, &q)
         };
+        if step {
+            let scale = self.scale(g);
+            let inputs = [q.as_str(), keys, values, bias, &scale];
+            let context = g.fused(crate::fused::attention_step(), &inputs);
+            return self.merge_heads(g, attn, &context, true);
+        }
         let kt = g.transpose(keys, &[0, 1, 3, 2]);
         let scores = g.matmul(&q, &kt);
         let probs = self.probabilities(g, &scores, bias);
         let context = g.matmul(&probs, values);
         self.merge_heads(g, attn, &context, step)
+    }
+
+    /// `head_dim^-0.5`, the scores' scale.
+    fn scale(&self, g: &mut Graph) -> String {
+        g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt())
     }
 
     fn merge_heads(&self, g: &mut Graph, attn: &Attention, context: &str, step: bool) -> String {
@@ -996,18 +1007,20 @@ impl Writer<'_> {
                         let q = self.linear(g, &attn.q, x, "q_proj");
                         let q = self.split_step_heads(g, &q, None);
                         // The cache is only read: its scores and the new column's are
-                        // concatenated, not the keys.
-                        let past_kt = g.transpose(&past_k, &[0, 1, 3, 2]);
-                        let new_kt = g.transpose(&new_k, &[0, 1, 3, 2]);
-                        let past_scores = g.matmul(&q, &past_kt);
-                        let new_score = g.matmul(&q, &new_kt);
-                        let scores = g.concat(&[&past_scores, &new_score], 3);
-                        let probs = self.probabilities(g, &scores, &self_bias);
-                        let parts =
-                            g.op_outputs("Split", &[&probs, &split], vec![attr_int("axis", 3)], 2);
-                        let past_context = g.matmul(&parts[0], &past_v);
-                        let new_context = g.matmul(&parts[1], &new_v);
-                        let context = g.add(&past_context, &new_context);
+                        // concatenated, not the keys (one fused node, the engine's kernel
+                        // reading each row's own columns).
+                        let scale = self.scale(g);
+                        let inputs = [
+                            q.as_str(),
+                            &past_k,
+                            &past_v,
+                            &new_k,
+                            &new_v,
+                            &self_bias,
+                            &split,
+                            &scale,
+                        ];
+                        let context = g.fused(crate::fused::cached_attention_step(false), &inputs);
                         self.merge_heads(g, attn, &context, true)
                     },
                 );

@@ -385,33 +385,31 @@ impl Exporter<'_> {
     ) -> Result<String> {
         let (past, new) = (cache.past, cache.new);
         let relative = cache.tables.as_ref().zip(columns.relative.as_ref());
-        if let Some((
-            Relative {
-                keys,
-                values: Some(values),
-            },
-            rel,
-        )) = relative
-        {
-            // One fused node, whose kernel in the engine reads each row's own cache columns
-            // rather than the batch's longest.
+        // One fused node, whose kernel in the engine reads each row's own cache columns rather
+        // than the batch's longest: without relative tables, or with tables for keys and
+        // values (keys alone stay standard ops below).
+        let tables = match relative {
+            None => Some(None),
+            Some((
+                Relative {
+                    keys,
+                    values: Some(values),
+                },
+                rel,
+            )) => Some(Some([keys.as_str(), values, &rel.rows, &rel.zeros])),
+            Some(_) => None,
+        };
+        if let Some(tables) = tables {
             let q = self.queries(g, attn, query, true)?;
             let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
-            let inputs = [
-                q.as_str(),
-                past.0,
-                past.1,
-                new.0,
-                new.1,
-                &columns.bias,
-                &columns.split,
-                keys,
-                values,
-                &rel.rows,
-                &rel.zeros,
-                &scale,
-            ];
-            let context = g.fused(crate::fused::relative_cached_attention_step(), &inputs);
+            let cache = [past.0, past.1, new.0, new.1, &columns.bias, &columns.split];
+            let inputs: Vec<&str> = std::iter::once(q.as_str())
+                .chain(cache)
+                .chain(tables.into_iter().flatten())
+                .chain([scale.as_str()])
+                .collect();
+            let op = crate::fused::cached_attention_step(tables.is_some());
+            let context = g.fused(op, &inputs);
             return self.merge_heads(g, attn, &context, true);
         }
         let q = self.queries(g, attn, query, true)?;

@@ -108,6 +108,10 @@ pub const ATTENTION_STEP: &str = "AttentionStep";
 /// `[batch, heads, 1, head_dim]`. As [`ATTENTION_STEP`], a column whose bias is at most
 /// [`SKIPPED_BIAS`] may be skipped: a row reads its own cache, not the batch's longest.
 pub const RELATIVE_CACHED_ATTENTION_STEP: &str = "RelativeCachedAttentionStep";
+/// [`RELATIVE_CACHED_ATTENTION_STEP`] without relative tables (decoders with absolute or no
+/// positions, imported Marian models): inputs `q`, `past_keys`, `past_values`, `new_key`,
+/// `new_value`, `bias`, `split`, `scale` as there.
+pub const CACHED_ATTENTION_STEP: &str = "CachedAttentionStep";
 /// The bias at or below which a column of [`ATTENTION_STEP`] has probability 0 (the graphs
 /// mask with -1e9; `exp` of anything below about -104 is 0 in float32).
 pub const SKIPPED_BIAS: f32 = -1e4;
