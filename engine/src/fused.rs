@@ -7,7 +7,10 @@
 //! what the body cannot express: [`names::ATTENTION_STEP`]'s body multiplies every row's
 //! query with every column of the batch's memory, padding included, where the kernel reads
 //! only the columns the row's bias leaves visible, i.e. the row's own source rather than
-//! the longest in a running batch.
+//! the longest in a running batch; [`names::CACHED_ATTENTION_STEP`] and
+//! [`names::RELATIVE_CACHED_ATTENTION_STEP`] likewise read a row's own cache prefix rather
+//! than the columns of the batch's oldest row. Rows are computed independently of one
+//! another, so a translation does not depend on its batch-mates.
 
 use model_package::names;
 use ort::operator::{ComputeContext, Kernel, KernelContext, Operator, OperatorDomain};
