@@ -26,6 +26,15 @@ pub fn domain() -> ort::Result<OperatorDomain> {
         .add(CachedAttentionStep { relative: false })
 }
 
+/// The value of a scalar input (the scores' scale).
+fn scalar(value: &ort::value::ValueRef<'_>) -> ort::Result<f32> {
+    let (_, values) = value.try_extract_tensor::<f32>()?;
+    values
+        .first()
+        .copied()
+        .ok_or_else(|| ort::Error::new("an empty scalar"))
+}
+
 /// An input of a kernel's call, or an error naming the operator.
 fn input<'a>(ctx: &'a ComputeContext, op: &str, i: usize) -> ort::Result<ort::value::ValueRef<'a>> {
     ctx.input(i)?
@@ -65,7 +74,6 @@ impl Kernel for AttentionStep {
         let (key_shape, keys) = keys.try_extract_tensor::<f32>()?;
         let (_, values) = values.try_extract_tensor::<f32>()?;
         let (_, bias) = bias.try_extract_tensor::<f32>()?;
-        let (_, scale) = scale.try_extract_tensor::<f32>()?;
         let counts = [keys.len(), values.len(), bias.len()];
         let shape = StepShape::new(&q_shape[..], &key_shape[..], counts)
             .map_err(|e| ort::Error::new(format!("{}: {e}", names::ATTENTION_STEP)))?;
@@ -80,7 +88,7 @@ impl Kernel for AttentionStep {
             keys,
             values,
             bias,
-            scale: scale.first().copied().unwrap_or(1.0),
+            scale: scalar(&scale)?,
         };
         attention_step(&inputs, out);
         Ok(())
@@ -131,8 +139,7 @@ struct StepInputs<'a> {
     scale: f32,
 }
 
-/// `softmax(q k^T * scale + bias) v` per row and head, over the columns whose bias is above
-/// [`names::SKIPPED_BIAS`] (all of them where none is: the body's softmax is then uniform).
+/// `softmax(q k^T * scale + bias) v` per row and head, over the row's [`visible_columns`].
 fn attention_step(x: &StepInputs<'_>, out: &mut [f32]) {
     let StepShape {
         batch,
@@ -144,11 +151,7 @@ fn attention_step(x: &StepInputs<'_>, out: &mut [f32]) {
     let mut weights = Vec::with_capacity(len);
     for row in 0..batch {
         let bias = &x.bias[row * len..(row + 1) * len];
-        visible.clear();
-        visible.extend((0..len).filter(|&j| bias[j] > names::SKIPPED_BIAS));
-        if visible.is_empty() {
-            visible.extend(0..len);
-        }
+        visible_columns(bias, &mut visible);
         for head in 0..heads {
             let at = row * heads + head;
             let q = &x.q[at * head_dim..(at + 1) * head_dim];
@@ -258,12 +261,7 @@ impl Kernel for CachedAttentionStep {
             new_value: new_value.try_extract_tensor::<f32>()?.1,
             bias: bias.try_extract_tensor::<f32>()?.1,
             relative,
-            scale: scale
-                .try_extract_tensor::<f32>()?
-                .1
-                .first()
-                .copied()
-                .unwrap_or(1.0),
+            scale: scalar(&scale)?,
         };
         x.check().map_err(fail)?;
         let mut out = ctx
@@ -398,11 +396,7 @@ fn cached_attention_step(x: &CachedInputs<'_>, out: &mut [f32]) {
     let mut weights = Vec::with_capacity(width);
     for row in 0..batch {
         let bias = &x.bias[row * width..(row + 1) * width];
-        visible.clear();
-        visible.extend((0..width).filter(|&j| bias[j] > names::SKIPPED_BIAS));
-        if visible.is_empty() {
-            visible.extend(0..width);
-        }
+        visible_columns(bias, &mut visible);
         for head in 0..heads {
             let at = row * heads + head;
             let q = &x.q[at * dh..(at + 1) * dh];
@@ -435,6 +429,16 @@ fn cached_attention_step(x: &CachedInputs<'_>, out: &mut [f32]) {
                 }
             }
         }
+    }
+}
+
+/// Into `visible`, the columns of a row whose bias is above [`names::SKIPPED_BIAS`]; all of
+/// them where none is (the body's softmax is then uniform over them all).
+fn visible_columns(bias: &[f32], visible: &mut Vec<usize>) {
+    visible.clear();
+    visible.extend((0..bias.len()).filter(|&j| bias[j] > names::SKIPPED_BIAS));
+    if visible.is_empty() {
+        visible.extend(0..bias.len());
     }
 }
 

@@ -177,7 +177,7 @@ pub(crate) fn session_builder(
     use ort::ep::ExecutionProvider;
     let threads = options.intra_op_threads.max(1);
     let configure = |e: ort::Error<_>| anyhow!("configuring ONNX Runtime sessions: {e}");
-    let cpu = || -> anyhow::Result<_> {
+    let base = || -> anyhow::Result<_> {
         let builder = Session::builder(env)
             .map_err(|e| anyhow!("creating an ONNX Runtime session builder: {e}"))?
             .with_optimization_level(GraphOptimizationLevel::All)
@@ -185,8 +185,6 @@ pub(crate) fn session_builder(
             .with_intra_threads(threads)
             .map_err(configure)?
             .with_inter_threads(1)
-            .map_err(configure)?
-            .with_operators(crate::fused::domain().map_err(|e| anyhow!("fused operators: {e}"))?)
             .map_err(configure)?;
         match pattern {
             RunPattern::Steps => Ok(builder),
@@ -200,6 +198,13 @@ pub(crate) fn session_builder(
                     .build()])
                 .map_err(configure),
         }
+    };
+    // The fused operators' kernels run on the CPU: registered beside CUDA they would take
+    // those nodes from it and copy every step's attention inputs to the host, where without
+    // them ONNX Runtime inlines the operators' bodies and runs them on the GPU.
+    let cpu = || -> anyhow::Result<_> {
+        let domain = crate::fused::domain().map_err(|e| anyhow!("fused operators: {e}"))?;
+        base()?.with_operators(domain).map_err(configure)
     };
     if options.device == Device::Cpu {
         return Ok((cpu()?, "CPU"));
@@ -223,7 +228,7 @@ pub(crate) fn session_builder(
         }
     }
     let cuda = ort::ep::CUDA::default().build().error_on_failure();
-    match cpu()?.with_execution_providers([cuda]) {
+    match base()?.with_execution_providers([cuda]) {
         Ok(builder) => Ok((builder, "CUDA")),
         Err(e) => {
             warn(format!("the CUDA execution provider failed to start ({e})"));

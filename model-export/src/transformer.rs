@@ -291,7 +291,7 @@ impl Exporter<'_> {
             // A decoder step's cross-attention: one fused node, whose kernel in the engine
             // reads each row's own source rather than the batch's longest.
             let q = self.queries(g, attn, query, true)?;
-            let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
+            let scale = self.scale(g);
             let context = g.fused(
                 crate::fused::attention_step(),
                 &[&q, keys, values, bias, &scale],
@@ -340,9 +340,14 @@ impl Exporter<'_> {
         self.merge_heads(g, attn, &context, step)
     }
 
+    /// `head_dim^-0.5`, the scores' scale.
+    fn scale(&self, g: &mut Graph) -> String {
+        g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt())
+    }
+
     /// Scaled `scores` plus the additive `bias`, normalised over the keys.
     fn softmax_scores(&self, g: &mut Graph, scores: &str, bias: &str) -> String {
-        let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
+        let scale = self.scale(g);
         let scores = g.mul(scores, &scale);
         let scores = g.add(&scores, bias);
         g.softmax_last(&scores)
@@ -401,7 +406,7 @@ impl Exporter<'_> {
         };
         if let Some(tables) = tables {
             let q = self.queries(g, attn, query, true)?;
-            let scale = g.float_scalar(1.0 / (self.config.head_dim() as f32).sqrt());
+            let scale = self.scale(g);
             let cache = [past.0, past.1, new.0, new.1, &columns.bias, &columns.split];
             let inputs: Vec<&str> = std::iter::once(q.as_str())
                 .chain(cache)

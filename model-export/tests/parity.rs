@@ -17,27 +17,21 @@ use ort::value::{DynValue, Tensor as OrtTensor};
 
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
-fn ort_session(path: &Path) -> Session {
+/// A session on one thread; with `kernels`, as the engine opens one on the CPU: with the
+/// kernels of the fused operators, where without them ONNX Runtime runs their function bodies.
+fn ort_session(path: &Path, kernels: bool) -> Session {
     // The server's process-wide environment (ONNX Runtime allows one per process).
     let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
-    Session::builder(&env)
+    let mut builder = Session::builder(&env)
         .unwrap()
         .with_intra_threads(1)
-        .unwrap()
-        .commit_from_file(path)
-        .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-}
-
-/// A session as the engine opens one on the CPU: with the kernels of the fused operators,
-/// where [`ort_session`] runs their ONNX function bodies.
-fn ort_session_with_kernels(path: &Path) -> Session {
-    let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
-    Session::builder(&env)
-        .unwrap()
-        .with_intra_threads(1)
-        .unwrap()
-        .with_operators(nmt_engine::fused::domain().unwrap())
-        .unwrap()
+        .unwrap();
+    if kernels {
+        builder = builder
+            .with_operators(nmt_engine::fused::domain().unwrap())
+            .unwrap();
+    }
+    builder
         .commit_from_file(path)
         .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
 }
@@ -353,7 +347,7 @@ fn check_parity_after(preset: &str, steps: usize) {
     let rows: Vec<&Example> = examples.iter().collect();
     let batch = Batch::new(&rows, &Device::Cpu).unwrap();
 
-    let mut encoder = ort_session(&package.join(files::ENCODER));
+    let mut encoder = ort_session(&package.join(files::ENCODER), false);
     let memory = encode(&mut encoder, &batch);
     // A Transformer decoder layer's cross-attention is one fused node, and so is its
     // self-attention unless relative tables add to its keys alone: run as their function
@@ -373,11 +367,11 @@ fn check_parity_after(preset: &str, steps: usize) {
     for (runs, mut decoder) in [
         (
             "function bodies",
-            ort_session(&package.join(files::DECODER)),
+            ort_session(&package.join(files::DECODER), false),
         ),
         (
             "engine kernels",
-            ort_session_with_kernels(&package.join(files::DECODER)),
+            ort_session(&package.join(files::DECODER), true),
         ),
     ] {
         check_decoder(

@@ -112,6 +112,6 @@ pub const RELATIVE_CACHED_ATTENTION_STEP: &str = "RelativeCachedAttentionStep";
 /// positions, imported Marian models): inputs `q`, `past_keys`, `past_values`, `new_key`,
 /// `new_value`, `bias`, `split`, `scale` as there.
 pub const CACHED_ATTENTION_STEP: &str = "CachedAttentionStep";
-/// The bias at or below which a column of [`ATTENTION_STEP`] has probability 0 (the graphs
+/// The bias at or below which a column of a fused attention step has probability 0 (the graphs
 /// mask with -1e9; `exp` of anything below about -104 is 0 in float32).
 pub const SKIPPED_BIAS: f32 = -1e4;
