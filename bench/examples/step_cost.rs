@@ -8,10 +8,14 @@
 //! cargo run --release -p nmt-bench --example step_cost [-- MODEL_DIR]
 //! ```
 //!
-//! A decoder step of `rows` rows is timed as `fixed + rows * (row + source * max_source +
-//! position * max_position)`: every row of the batch attends over the longest source's room
-//! and the longest output's cache (the slots are padded to them), so the maxima count, not
-//! each row's own lengths. An encoder run of `texts` texts padded to `length` tokens is
+//! A decoder step is timed three ways: `fixed + rows * row + source * S + position * P` where
+//! S and P are the rows' sources and positions summed (what the fused attention kernels read,
+//! `engine::fused`: a row's own source and cache), or `rows` times the batch's longest source
+//! and furthest position (what attention over padded slots reads: the unfused graphs, the
+//! CUDA path), or both, which tells how much of the padding a fused package still pays for
+//! (the cache and memory slots are still padded, and copied as such). Mixed batches (a long
+//! source among verses, rows joining a batch whose cache is long) are what separate the two.
+//! An encoder run of `texts` texts padded to `length` tokens is
 //! timed as `fixed + texts * (token * length + pair * length^2)`: projections grow with the
 //! tokens, attention scores with their pairs. Both fits weigh each sample by its relative
 //! error, so that the short steps, which are most of a server's work, count as much as the
@@ -42,34 +46,95 @@ fn source(row: usize, length: usize, eos: i64) -> Vec<i64> {
     ids
 }
 
-/// Steps a batch of `rows` sources of `length` tokens through `positions` positions, timing
-/// each step after the first few (which allocate): regressors `[1, rows, rows * length,
-/// rows * position]`.
+/// Rows of a decoder run that join together: how many, their sources' length, and the step
+/// of the run at which they join (their position 0).
+#[derive(Clone, Copy, Debug)]
+struct Group {
+    rows: usize,
+    source: usize,
+    joins_at: usize,
+}
+
+/// A decoder run: its groups of rows and how many steps it takes.
+#[derive(Clone, Copy, Debug)]
+struct DecoderRun {
+    groups: &'static [Group],
+    steps: usize,
+}
+
+const fn run(groups: &'static [Group], steps: usize) -> DecoderRun {
+    DecoderRun { groups, steps }
+}
+
+const fn group(rows: usize, source: usize, joins_at: usize) -> Group {
+    Group {
+        rows,
+        source,
+        joins_at,
+    }
+}
+
+/// The regressors of one step over rows of `(source, position)`: `[1, rows, sum of sources,
+/// sum of positions, rows * longest source, rows * furthest position]`. A row reads its own
+/// source and cache in the fused attention kernels (`engine::fused`) and the batch's padded
+/// ones elsewhere; uniform batches cannot tell the two apart, mixed ones can.
+fn step_regressors(rows: &[(usize, usize)]) -> Vec<f64> {
+    let n = rows.len() as f64;
+    let sum = |f: fn(&(usize, usize)) -> usize| rows.iter().map(f).sum::<usize>() as f64;
+    let max = |f: fn(&(usize, usize)) -> usize| rows.iter().map(f).max().unwrap_or(0) as f64;
+    vec![
+        1.0,
+        n,
+        sum(|r| r.0),
+        sum(|r| r.1),
+        n * max(|r| r.0),
+        n * max(|r| r.1),
+    ]
+}
+
+/// Steps `run` through its steps, placing each group at its step, timing each step after a
+/// group's first two (which allocate).
 fn decoder_samples(
     backend: &mut OrtBackend,
     eos: i64,
-    (rows, length, positions): (usize, usize, usize),
+    run: DecoderRun,
     samples: &mut Vec<Sample>,
 ) -> Result<()> {
-    let sources: Vec<Vec<i64>> = (0..rows).map(|row| source(row, length, eos)).collect();
-    let refs: Vec<&[i64]> = sources.iter().map(Vec::as_slice).collect();
+    let label = run
+        .groups
+        .iter()
+        .map(|g| format!("{}x{} from {}", g.rows, g.source, g.joins_at))
+        .collect::<Vec<_>>()
+        .join(" + ");
     let mut batch = <OrtBackend as Backend>::Rows::default();
-    let encoded = backend.encode(&refs)?;
-    let slots: Vec<usize> = (0..rows).collect();
-    backend.place(&mut batch, encoded, &slots)?;
-    let target_lengths = vec![positions as i64; rows];
-    for position in 0..positions {
-        let ids = vec![if position == 0 { 1 } else { 40 }; rows];
-        let at = vec![position as i64; rows];
+    // (source length, step joined) of every placed row, by slot.
+    let mut placed: Vec<(usize, usize)> = Vec::new();
+    let mut last_join = 0;
+    for step in 0..run.steps {
+        for g in run.groups.iter().filter(|g| g.joins_at == step) {
+            let first = placed.len();
+            let sources: Vec<Vec<i64>> = (first..first + g.rows)
+                .map(|row| source(row, g.source, eos))
+                .collect();
+            let refs: Vec<&[i64]> = sources.iter().map(Vec::as_slice).collect();
+            let encoded = backend.encode(&refs)?;
+            let slots: Vec<usize> = (first..first + g.rows).collect();
+            backend.place(&mut batch, encoded, &slots)?;
+            placed.extend((0..g.rows).map(|_| (g.source, step)));
+            last_join = step;
+        }
+        let rows: Vec<(usize, usize)> = placed.iter().map(|&(s, j)| (s, step - j)).collect();
+        let ids: Vec<i64> = rows.iter().map(|r| if r.1 == 0 { 1 } else { 40 }).collect();
+        let at: Vec<i64> = rows.iter().map(|r| r.1 as i64).collect();
+        let target_lengths = vec![run.steps as i64; rows.len()];
         let started = Instant::now();
         backend.step(&mut batch, &ids, &at, &target_lengths)?;
         let seconds = started.elapsed().as_secs_f64();
-        if position >= 2 {
-            let r = rows as f64;
+        if step >= last_join + 2 {
             samples.push(Sample {
-                x: vec![1.0, r, r * length as f64, r * position as f64],
+                x: step_regressors(&rows),
                 seconds,
-                run: format!("{rows} rows, source {length}, positions 2-{positions}"),
+                run: label.clone(),
             });
         }
     }
@@ -157,24 +222,34 @@ fn relative_errors(samples: &[Sample], coefficients: &[f64]) -> (f64, f64) {
     (at(0.5), at(0.9))
 }
 
-/// (rows, source length, positions) of the decoder runs: short and long sources at the row
-/// counts a server's batch holds, and long outputs.
-const DECODER_RUNS: &[(usize, usize, usize)] = &[
-    (1, 16, 160),
-    (4, 16, 160),
-    (16, 16, 160),
-    (32, 16, 160),
-    (1, 64, 96),
-    (8, 64, 96),
-    (32, 64, 96),
-    (1, 256, 64),
-    (8, 256, 64),
-    (32, 256, 48),
-    (1, 1024, 48),
-    (4, 1024, 48),
-    (16, 1024, 32),
-    (1, 16, 1024),
-    (4, 32, 640),
+/// The decoder runs: uniform batches (short and long sources at the row counts a server's
+/// batch holds, long outputs), then mixed ones: one long source among verses, and rows that
+/// join a batch whose cache is already long.
+const DECODER_RUNS: &[DecoderRun] = &[
+    run(&[group(1, 16, 0)], 160),
+    run(&[group(4, 16, 0)], 160),
+    run(&[group(16, 16, 0)], 160),
+    run(&[group(32, 16, 0)], 160),
+    run(&[group(1, 64, 0)], 96),
+    run(&[group(8, 64, 0)], 96),
+    run(&[group(32, 64, 0)], 96),
+    run(&[group(1, 256, 0)], 64),
+    run(&[group(8, 256, 0)], 64),
+    run(&[group(32, 256, 0)], 48),
+    run(&[group(1, 1024, 0)], 48),
+    run(&[group(4, 1024, 0)], 48),
+    run(&[group(16, 1024, 0)], 32),
+    run(&[group(1, 16, 0)], 1024),
+    run(&[group(4, 32, 0)], 640),
+    run(&[group(1, 1024, 0), group(15, 16, 0)], 48),
+    run(&[group(1, 512, 0), group(31, 32, 0)], 48),
+    run(&[group(2, 256, 0), group(30, 16, 0)], 64),
+    run(&[group(1, 16, 0), group(15, 16, 400)], 460),
+    run(&[group(4, 32, 0), group(28, 32, 200)], 260),
+    run(
+        &[group(1, 1024, 0), group(7, 16, 0), group(8, 16, 160)],
+        200,
+    ),
 ];
 
 /// (texts, length, repeats) of the encoder runs, within the pieces the engine runs
@@ -243,25 +318,56 @@ fn by_run(what: &str, samples: &[Sample], coefficients: &[f64]) {
     }
 }
 
+/// `samples` with only the regressors at `keep`.
+fn select(samples: &[Sample], keep: &[usize]) -> Vec<Sample> {
+    samples
+        .iter()
+        .map(|s| Sample {
+            x: keep.iter().map(|&i| s.x[i]).collect(),
+            seconds: s.seconds,
+            run: s.run.clone(),
+        })
+        .collect()
+}
+
+/// The step fits: what a row attends to priced by the batch's longest source and cache
+/// (padded), by its own (own rows), and by both; each with its errors.
+fn report_steps(steps: &[Sample]) -> Vec<f64> {
+    let models: [(&str, &[usize]); 3] = [
+        ("padded: rows * (max_source, max_position)", &[0, 1, 4, 5]),
+        ("own rows: sum of sources, sum of positions", &[0, 1, 2, 3]),
+        ("both", &[0, 1, 2, 3, 4, 5]),
+    ];
+    let mut both = Vec::new();
+    for (name, keep) in models {
+        let samples = select(steps, keep);
+        let c = fit(&samples);
+        let (e50, e90) = relative_errors(&samples, &c);
+        let row = c[1];
+        let scales: Vec<String> = c[2..].iter().map(|v| format!("{:.0}", row / v)).collect();
+        println!(
+            "decoder step, {name}: fixed {:.2} rows, row {:.3e} s, tokens per row-unit {}; \
+             |error| median {:.0}%, p90 {:.0}% over {} steps",
+            c[0] / row,
+            row,
+            scales.join(" / "),
+            e50 * 100.0,
+            e90 * 100.0,
+            samples.len()
+        );
+        by_run("step", &samples, &c);
+        both = c;
+    }
+    both
+}
+
 /// Prints the fits in seconds and in cost units (a row of a step being 1).
 fn report(dir: &str, steps: &[Sample], encodes: &[Sample]) {
-    let d = fit(steps);
+    println!("package {dir}");
+    let d = report_steps(steps);
     let e = fit(encodes);
-    let (d50, d90) = relative_errors(steps, &d);
     let (e50, e90) = relative_errors(encodes, &e);
     let row = d[1];
-    println!("package {dir}");
-    println!(
-        "decoder step s = {:.3e} + rows * ({:.3e} + {:.3e} * max_source + {:.3e} * max_position); \
-         |error| median {:.0}%, p90 {:.0}% over {} steps",
-        d[0],
-        d[1],
-        d[2],
-        d[3],
-        d50 * 100.0,
-        d90 * 100.0,
-        steps.len()
-    );
     println!(
         "encoder run s = {:.3e} + texts * ({:.3e} * length + {:.3e} * length^2); \
          |error| median {:.0}%, p90 {:.0}% over {} runs",
@@ -272,15 +378,13 @@ fn report(dir: &str, steps: &[Sample], encodes: &[Sample]) {
         e90 * 100.0,
         encodes.len()
     );
-    by_run("step", steps, &d);
     by_run("encode", encodes, &e);
-    println!("in cost units (one row of a decoder step = 1):");
+    println!("in cost units (one row of a decoder step = 1; the fit with both):");
     println!("  STEP_FIXED = {:.2}", d[0] / row);
-    println!(
-        "  SOURCE_SCALE = {:.0} (tokens of source per unit)",
-        row / d[2]
-    );
-    println!("  POSITION_SCALE = {:.0} (positions per unit)", row / d[3]);
+    println!("  own source tokens per unit = {:.0}", row / d[2]);
+    println!("  own positions per unit = {:.0}", row / d[3]);
+    println!("  padded source tokens per unit = {:.0}", row / d[4]);
+    println!("  padded positions per unit = {:.0}", row / d[5]);
     println!("  ENCODE_FIXED = {:.2}", e[0] / row);
     println!("  ENCODE_TOKEN = {:.4}", e[1] / row);
     println!("  ENCODE_PAIR = {:.3e}", e[2] / row);

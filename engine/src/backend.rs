@@ -19,6 +19,26 @@ pub enum BackendError {
     Contract(String),
 }
 
+/// What a row of a decoder step attends over, for one of its contexts (the source memory, the
+/// cache of its own output): what makes a step's cost grow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextReads {
+    /// Every row over the batch's padded slots: the longest source, the oldest row's cache
+    /// (attention written in standard operators, which multiply the padding too).
+    #[default]
+    Padded,
+    /// Each row over its own source or cache prefix (the engine's fused attention kernels,
+    /// `crate::fused`).
+    OwnRows,
+}
+
+/// What a backend's decoder step reads, for the source memory and for the cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttentionReads {
+    pub source: ContextReads,
+    pub cache: ContextReads,
+}
+
 /// One model: an encoder run once per sentence and a decoder run once per output token.
 pub trait Backend {
     /// The encoder memory and decoder state of a batch's slots. Opaque to the decode loop;
@@ -64,6 +84,11 @@ pub trait Backend {
 
     /// Narrows the batch to its first `width` slots.
     fn truncate(&mut self, rows: &mut Self::Rows, width: usize) -> Result<(), BackendError>;
+
+    /// What its decoder step's attention reads, which the scheduler prices a step by.
+    fn attention_reads(&self) -> AttentionReads {
+        AttentionReads::default()
+    }
 }
 
 /// The largest |difference| between the logits two rows get alone and the logits they get

@@ -12,18 +12,86 @@
 //! than the columns of the batch's oldest row. Rows are computed independently of one
 //! another, so a translation does not depend on its batch-mates.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
 use model_package::names;
 use ort::operator::{ComputeContext, Kernel, KernelContext, Operator, OperatorDomain};
 use ort::operator::{OperatorInput, OperatorOutput};
 use ort::value::TensorElementType;
 
+use crate::backend::{AttentionReads, ContextReads};
+
 /// The domain holding every kernel of this module, for `SessionBuilder::with_operators`
-/// (every CPU session of the engine has it).
-pub fn domain() -> ort::Result<OperatorDomain> {
+/// (every CPU session of the engine has it); `taken` counts the kernels the session creates.
+pub fn domain(taken: &Arc<KernelsTaken>) -> ort::Result<OperatorDomain> {
+    let cached = |relative| CachedAttentionStepOp {
+        relative,
+        taken: Arc::clone(taken),
+    };
     OperatorDomain::new(names::FUSED_DOMAIN)?
-        .add(AttentionStep)?
-        .add(CachedAttentionStep { relative: true })?
-        .add(CachedAttentionStep { relative: false })
+        .add(AttentionStepOp {
+            taken: Arc::clone(taken),
+        })?
+        .add(cached(true))?
+        .add(cached(false))
+}
+
+/// Creates a session (`commit`) whose builder may hold [`domain`]. ONNX Runtime adds a custom
+/// domain to ONNX's process-wide table of domain versions as it creates a session with it
+/// (`CreateCustomRegistry`), checking whether it is there and then adding it without a lock,
+/// so two such sessions created at once in a fresh process can both add it and the second
+/// fails ("Trying to add a domain to DomainToVersion map, but the domain is already exist":
+/// seen in tests that open packages on parallel threads). Sessions are created one at a time
+/// until one has succeeded; after that the domain is in the table and they go in parallel.
+pub fn commit_session<T, E>(commit: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+    static DOMAIN_ADDED: UntilFirstSuccess = UntilFirstSuccess::new();
+    DOMAIN_ADDED.run(commit)
+}
+
+/// Runs calls one at a time until one has succeeded, then lets them run at once.
+struct UntilFirstSuccess(Mutex<bool>);
+
+impl UntilFirstSuccess {
+    const fn new() -> Self {
+        UntilFirstSuccess(Mutex::new(false))
+    }
+
+    fn run<T, E>(&self, call: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+        let mut succeeded = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if *succeeded {
+            drop(succeeded);
+            return call();
+        }
+        let result = call();
+        *succeeded = result.is_ok();
+        result
+    }
+}
+
+/// How many nodes of a session got this module's kernels: ONNX Runtime creates a kernel per
+/// node when it builds the session, so once built this says whether its attention reads each
+/// row's own context, which is what a step costs (the scheduler's cost model). A graph
+/// without fused nodes, or a session without these kernels (the CUDA path), reads the
+/// batch's padded slots.
+#[derive(Debug, Default)]
+pub struct KernelsTaken {
+    cross: AtomicUsize,
+    cached: AtomicUsize,
+}
+
+impl KernelsTaken {
+    /// What the session's decoder-step attention reads, by the kernels it took.
+    pub fn reads(&self) -> AttentionReads {
+        let reads = |count: &AtomicUsize| match count.load(Ordering::Relaxed) {
+            0 => ContextReads::Padded,
+            _ => ContextReads::OwnRows,
+        };
+        AttentionReads {
+            source: reads(&self.cross),
+            cache: reads(&self.cached),
+        }
+    }
 }
 
 /// The value of a scalar input (the scores' scale).
@@ -41,11 +109,15 @@ fn input<'a>(ctx: &'a ComputeContext, op: &str, i: usize) -> ort::Result<ort::va
         .ok_or_else(|| ort::Error::new(format!("{op}: input {i} missing")))
 }
 
-/// Operator and kernel of [`names::ATTENTION_STEP`] (it holds no state).
-#[derive(Clone, Copy)]
+/// Operator of [`names::ATTENTION_STEP`].
+struct AttentionStepOp {
+    taken: Arc<KernelsTaken>,
+}
+
+/// Kernel of [`names::ATTENTION_STEP`] (it holds no state).
 struct AttentionStep;
 
-impl Operator for AttentionStep {
+impl Operator for AttentionStepOp {
     type Kernel<'attr> = AttentionStep;
 
     fn name(&self) -> &str {
@@ -61,6 +133,7 @@ impl Operator for AttentionStep {
     }
 
     fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
+        self.taken.cross.fetch_add(1, Ordering::Relaxed);
         Ok(AttentionStep)
     }
 }
@@ -183,20 +256,31 @@ struct CachedAttentionStep {
     relative: bool,
 }
 
-impl CachedAttentionStep {
-    fn op(&self) -> &'static str {
-        match self.relative {
-            true => names::RELATIVE_CACHED_ATTENTION_STEP,
-            false => names::CACHED_ATTENTION_STEP,
-        }
+/// Operator of [`CachedAttentionStep`].
+struct CachedAttentionStepOp {
+    relative: bool,
+    taken: Arc<KernelsTaken>,
+}
+
+/// The operator's name, with relative tables or without.
+fn cached_op(relative: bool) -> &'static str {
+    match relative {
+        true => names::RELATIVE_CACHED_ATTENTION_STEP,
+        false => names::CACHED_ATTENTION_STEP,
     }
 }
 
-impl Operator for CachedAttentionStep {
+impl CachedAttentionStep {
+    fn op(&self) -> &'static str {
+        cached_op(self.relative)
+    }
+}
+
+impl Operator for CachedAttentionStepOp {
     type Kernel<'attr> = CachedAttentionStep;
 
     fn name(&self) -> &str {
-        self.op()
+        cached_op(self.relative)
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
@@ -219,7 +303,10 @@ impl Operator for CachedAttentionStep {
     }
 
     fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
-        Ok(*self)
+        self.taken.cached.fetch_add(1, Ordering::Relaxed);
+        Ok(CachedAttentionStep {
+            relative: self.relative,
+        })
     }
 }
 
@@ -717,5 +804,47 @@ mod tests {
         assert!(CachedShape::new(&[2, 4, 1, 8], &[2, 4, 5, 8]).is_ok());
         assert!(CachedShape::new(&[2, 3, 1, 8], &[2, 4, 5, 8]).is_err());
         assert!(CachedShape::new(&[2, 4, 1, 8], &[2, 4, 5]).is_err());
+    }
+
+    #[test]
+    fn sessions_are_created_one_at_a_time_until_one_has_succeeded() {
+        use std::sync::Barrier;
+        use std::time::Duration;
+        let guard = UntilFirstSuccess::new();
+        let inside = AtomicUsize::new(0);
+        let most = AtomicUsize::new(0);
+        let start = Barrier::new(4);
+        // Four calls at once, every one failing: none succeeds, so none overlaps another.
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    start.wait();
+                    let _ = guard.run(|| {
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(20));
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        Err::<(), ()>(())
+                    });
+                });
+            }
+        });
+        assert_eq!(most.load(Ordering::SeqCst), 1);
+        // Once one has succeeded, calls overlap.
+        guard.run(|| Ok::<(), ()>(())).unwrap();
+        let start = Barrier::new(2);
+        let both_inside = Barrier::new(2);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    start.wait();
+                    guard.run(|| -> Result<(), ()> {
+                        // Both reach this point only if neither waits for the other.
+                        both_inside.wait();
+                        Ok(())
+                    })
+                });
+            }
+        });
     }
 }

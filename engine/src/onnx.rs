@@ -17,7 +17,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{Outlet, Tensor, TensorRef};
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{AttentionReads, Backend, BackendError};
 use crate::contract::{check_contract, Layout, Port};
 use crate::slots::{time_room, SlotBuffer};
 
@@ -174,6 +174,16 @@ pub(crate) fn session_builder(
     options: &SessionOptions,
     pattern: RunPattern,
 ) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {
+    session_builder_counting(env, options, pattern, &Arc::default())
+}
+
+/// [`session_builder`], `taken` counting the fused kernels the session creates.
+fn session_builder_counting(
+    env: &Environment,
+    options: &SessionOptions,
+    pattern: RunPattern,
+    taken: &Arc<crate::fused::KernelsTaken>,
+) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {
     use ort::ep::ExecutionProvider;
     let threads = options.intra_op_threads.max(1);
     let configure = |e: ort::Error<_>| anyhow!("configuring ONNX Runtime sessions: {e}");
@@ -203,7 +213,7 @@ pub(crate) fn session_builder(
     // those nodes from it and copy every step's attention inputs to the host, where without
     // them ONNX Runtime inlines the operators' bodies and runs them on the GPU.
     let cpu = || -> anyhow::Result<_> {
-        let domain = crate::fused::domain().map_err(|e| anyhow!("fused operators: {e}"))?;
+        let domain = crate::fused::domain(taken).map_err(|e| anyhow!("fused operators: {e}"))?;
         base()?.with_operators(domain).map_err(configure)
     };
     if options.device == Device::Cpu {
@@ -262,6 +272,8 @@ pub struct OrtBackend {
     layout: Layout,
     pad_id: i64,
     execution_provider: &'static str,
+    /// What the decoder session's attention reads (by the fused kernels it took).
+    attention_reads: AttentionReads,
 }
 
 /// The slots of a batch: encoder memory and decoder state, each kept in place in a
@@ -312,21 +324,23 @@ impl OrtBackend {
         options: &SessionOptions,
         workers: usize,
     ) -> anyhow::Result<Vec<Self>> {
-        let open = |file: &str, pattern: RunPattern| -> anyhow::Result<(Session, &'static str)> {
-            let (mut builder, execution_provider) = session_builder(env, options, pattern)?;
+        let open = |file: &str, pattern: RunPattern| {
+            let taken = Arc::default();
+            let (mut builder, execution_provider) =
+                session_builder_counting(env, options, pattern, &taken)?;
             let path = dir.join(file);
-            let session = builder
-                .commit_from_file(&path)
+            let session = crate::fused::commit_session(|| builder.commit_from_file(&path))
                 .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", path.display()))?;
-            Ok((session, execution_provider))
+            anyhow::Ok((session, execution_provider, taken.reads()))
         };
-        let (encoder, _) = open(files::ENCODER, RunPattern::OncePerText)?;
+        let (encoder, _, _) = open(files::ENCODER, RunPattern::OncePerText)?;
         let ports = |outlets: &[Outlet]| outlets.iter().map(port).collect::<Vec<_>>();
         let (encoder_inputs, encoder_outputs) = (ports(encoder.inputs()), ports(encoder.outputs()));
         let encoder = Arc::new(Mutex::new(encoder));
         let mut backends = Vec::with_capacity(workers);
         for _ in 0..workers.max(1) {
-            let (decoder, execution_provider) = open(files::DECODER, RunPattern::Steps)?;
+            let (decoder, execution_provider, attention_reads) =
+                open(files::DECODER, RunPattern::Steps)?;
             let layout = check_contract(
                 manifest,
                 &encoder_inputs,
@@ -341,6 +355,7 @@ impl OrtBackend {
                 layout,
                 pad_id: manifest.pad_id.into(),
                 execution_provider,
+                attention_reads,
             });
         }
         let first = &backends[0];
@@ -348,6 +363,7 @@ impl OrtBackend {
         tracing::info!(
             intra_op_threads = options.intra_op_threads.max(1),
             execution_provider = first.execution_provider,
+            attention_reads = ?first.attention_reads,
             workers = backends.len(),
             memory = ?first.layout.memory,
             states = ?first.layout.states.iter().map(|s| s.spec.name.as_str()).collect::<Vec<_>>(),
@@ -668,6 +684,10 @@ impl Backend for OrtBackend {
         rows.width = rows.width.min(width);
         Self::fit_memory(rows);
         Ok(())
+    }
+
+    fn attention_reads(&self) -> AttentionReads {
+        self.attention_reads
     }
 }
 

@@ -114,8 +114,7 @@ impl LengthPredictor {
         };
         let graph = dir.join(&spec.graph);
         let (mut builder, _) = session_builder(env, options, RunPattern::OncePerText)?;
-        let session = builder
-            .commit_from_file(&graph)
+        let session = crate::fused::commit_session(|| builder.commit_from_file(&graph))
             .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", graph.display()))?;
         let has = |ports: &[ort::value::Outlet], name: &str| ports.iter().any(|p| p.name() == name);
         let inputs = match reads {

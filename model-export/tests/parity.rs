@@ -6,9 +6,12 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 use model_package::{files, names, special, Manifest, RelativeAttention};
+use nmt_engine::backend::{AttentionReads, ContextReads};
+use nmt_engine::fused::KernelsTaken;
 use nmt_train::model::Dropout;
 use nmt_train::model::Seq2Seq;
 use nmt_train::train::batch::{Batch, Example};
@@ -18,21 +21,21 @@ use ort::value::{DynValue, Tensor as OrtTensor};
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
 /// A session on one thread; with `kernels`, as the engine opens one on the CPU: with the
-/// kernels of the fused operators, where without them ONNX Runtime runs their function bodies.
-fn ort_session(path: &Path, kernels: bool) -> Session {
+/// kernels of the fused operators (counting those it takes), where without them ONNX Runtime
+/// runs their function bodies.
+fn ort_session(path: &Path, kernels: Option<&Arc<KernelsTaken>>) -> Session {
     // The server's process-wide environment (ONNX Runtime allows one per process).
     let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
     let mut builder = Session::builder(&env)
         .unwrap()
         .with_intra_threads(1)
         .unwrap();
-    if kernels {
+    if let Some(taken) = kernels {
         builder = builder
-            .with_operators(nmt_engine::fused::domain().unwrap())
+            .with_operators(nmt_engine::fused::domain(taken).unwrap())
             .unwrap();
     }
-    builder
-        .commit_from_file(path)
+    nmt_engine::fused::commit_session(|| builder.commit_from_file(path))
         .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
 }
 
@@ -195,8 +198,14 @@ fn argmax(xs: &[f32]) -> u32 {
 
 /// The package as the server runs it: rows that share a running batch (one joining late,
 /// one leaving early) get the logits they get alone, and only models with absolute
-/// positions declare an input limit of their own.
-fn check_serving(package: &Path, manifest: &Manifest, examples: &[Example]) {
+/// positions declare an input limit of their own; the backend tells the scheduler what its
+/// attention reads (`expected` on the CPU, padded slots elsewhere).
+fn check_serving(
+    package: &Path,
+    manifest: &Manifest,
+    examples: &[Example],
+    expected: AttentionReads,
+) {
     let env = nmt_engine::onnx::environment(None).unwrap_or_else(|e| panic!("{e:#}"));
     let mut backend = nmt_engine::onnx::OrtBackend::load(
         &env,
@@ -205,6 +214,16 @@ fn check_serving(package: &Path, manifest: &Manifest, examples: &[Example]) {
         &nmt_engine::onnx::SessionOptions::default(),
     )
     .unwrap();
+    use nmt_engine::backend::Backend;
+    let reads = match backend.execution_provider() {
+        "CPU" => expected,
+        _ => AttentionReads::default(),
+    };
+    assert_eq!(
+        backend.attention_reads(),
+        reads,
+        "the backend's attention reads"
+    );
     let ids = |e: &Example| e.source.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
     let (long, short) = (ids(examples.last().unwrap()), ids(&examples[0]));
     assert!(long.len() > short.len());
@@ -347,7 +366,7 @@ fn check_parity_after(preset: &str, steps: usize) {
     let rows: Vec<&Example> = examples.iter().collect();
     let batch = Batch::new(&rows, &Device::Cpu).unwrap();
 
-    let mut encoder = ort_session(&package.join(files::ENCODER), false);
+    let mut encoder = ort_session(&package.join(files::ENCODER), None);
     let memory = encode(&mut encoder, &batch);
     // A Transformer decoder layer's cross-attention is one fused node, and so is its
     // self-attention unless relative tables add to its keys alone: run as their function
@@ -364,16 +383,28 @@ fn check_parity_after(preset: &str, steps: usize) {
         fused_per_layer * config.decoder_layers,
         "fused attention nodes"
     );
-    for (runs, mut decoder) in [
+    let taken = Arc::default();
+    let decoders = [
         (
             "function bodies",
-            ort_session(&package.join(files::DECODER), false),
+            ort_session(&package.join(files::DECODER), None),
         ),
         (
             "engine kernels",
-            ort_session(&package.join(files::DECODER), true),
+            ort_session(&package.join(files::DECODER), Some(&taken)),
         ),
-    ] {
+    ];
+    // What the scheduler prices a step by follows from the kernels the session took.
+    let own = |fused: bool| match fused {
+        true => ContextReads::OwnRows,
+        false => ContextReads::Padded,
+    };
+    let expected = AttentionReads {
+        source: own(fused_per_layer > 0),
+        cache: own(fused_per_layer == 2),
+    };
+    assert_eq!(taken.reads(), expected, "{preset}: attention reads");
+    for (runs, mut decoder) in decoders {
         check_decoder(
             preset,
             runs,
@@ -384,7 +415,7 @@ fn check_parity_after(preset: &str, steps: usize) {
             &memory,
         );
     }
-    check_serving(&package, &manifest, &examples);
+    check_serving(&package, &manifest, &examples, expected);
 }
 
 /// The decoder step graph run by `decoder` against candle: teacher-forced logits within

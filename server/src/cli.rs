@@ -103,7 +103,7 @@ pub struct Args {
     /// Seconds a request may expect to take, and what every accepted request is promised:
     /// when its model, sharing rows fairly among the requests it has accepted, is expected to
     /// finish it later than this at its measured speed (work counted in cost units: a step
-    /// costs more with its rows and the longest source and output they attend to), or taking
+    /// costs more with its rows and the sources and outputs they attend to), or taking
     /// it would make an accepted request finish later than promised, it gets 429 at once, with
     /// a Retry-After of when the accepted work should be done, instead of being accepted to
     /// time out. A request that finds the model idle is taken even when it needs longer, unless

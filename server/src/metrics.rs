@@ -189,7 +189,7 @@ impl Metrics {
                 &r,
                 "nmt_throughput_cost_units_per_second",
                 "Cost units (one unit: one row of a decoder step with nothing to attend to; \
-                 a step's rows cost more with the longest source and output they attend to, \
+                 a step's rows cost more with the sources and outputs they attend to, \
                  an encoding with its tokens and their pairs) per second of the model worker's \
                  busy time, a moving average: the speed admission assumes. With several model \
                  workers, summed over those that have run.",

@@ -40,7 +40,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::cost;
+use super::cost::{self, StepCost, StepRows};
 use super::policy::{JobId, RowPolicy, Tag};
 use super::replay::{JobLoad, Replay, TextLoad, Verdict};
 use nmt_engine::decode::DecodeInput;
@@ -303,6 +303,8 @@ pub struct Load {
     pub tokens: Throughput,
     pub output: OutputFraction,
     pub lateness: Lateness,
+    /// What a decoder step costs on this worker's backend.
+    pub(super) cost: StepCost,
     /// Since when nothing has been accepted and unfinished (`None` while something is).
     idle_since: Option<Instant>,
 }
@@ -319,6 +321,7 @@ impl Default for Load {
             tokens: Throughput::unmeasured(),
             output: OutputFraction::default(),
             lateness: Lateness::default(),
+            cost: StepCost::default(),
             idle_since: None,
         }
     }
@@ -328,7 +331,7 @@ impl Load {
     /// Cost units of accepted work not done yet: sources not encoded, expected outputs not
     /// produced.
     pub fn work(&self) -> f64 {
-        self.jobs.values().map(JobLoad::work).sum()
+        self.jobs.values().map(|job| job.work(&self.cost)).sum()
     }
 
     /// Accepted texts that have not joined the batch.
@@ -462,7 +465,7 @@ impl Load {
             ..JobLoad::default()
         };
         let factor = self.lateness.factor();
-        let alone = Replay::new(policy.rows, &BTreeMap::new(), &job)
+        let alone = Replay::new(policy.rows, self.cost, &BTreeMap::new(), &job)
             .run(&[])
             .finish();
         // Judged at the fastest the worker has gone lately, without the lateness that a load
@@ -525,7 +528,7 @@ impl Load {
             .collect();
         allowances.push((self.units_within(policy.max_queue_wait), Replay::NEW));
         allowances.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        match Replay::new(policy.rows, &self.jobs, new).run(&allowances) {
+        match Replay::new(policy.rows, self.cost, &self.jobs, new).run(&allowances) {
             Verdict::OnTime { new_finish } => Ok(self.seconds(new_finish)),
             Verdict::Late { job, at } if job == Replay::NEW => Err(Refusal::TooLong {
                 expected: self.seconds(at).mul_f64(self.lateness.factor()),
@@ -594,10 +597,10 @@ impl Load {
 
     /// Every running text took a step: its cost, and what is left of each.
     fn step(&mut self) -> f64 {
-        let running = || self.jobs.values().flat_map(|job| job.running.values());
-        let rows = running().count();
-        let source = running().map(|text| text.source).max().unwrap_or(0);
-        let position = running().map(|text| text.position).max().unwrap_or(0);
+        let mut batch = StepRows::default();
+        for text in self.jobs.values().flat_map(|job| job.running.values()) {
+            batch.add(text.source, text.position);
+        }
         for text in self
             .jobs
             .values_mut()
@@ -606,7 +609,7 @@ impl Load {
             text.steps = text.steps.saturating_sub(1).max(1);
             text.position += 1;
         }
-        cost::step(rows, source, position)
+        self.cost.step(&batch)
     }
 
     /// A text finished: its job leaves when it was the last, measuring its lateness.
@@ -641,9 +644,13 @@ pub struct Door {
 }
 
 impl Door {
-    pub fn new(policy: AdmissionPolicy) -> Self {
+    /// The door of a worker whose backend's steps cost as `cost` says.
+    pub fn new(policy: AdmissionPolicy, cost: StepCost) -> Self {
         Door {
-            load: Mutex::new(Load::default()),
+            load: Mutex::new(Load {
+                cost,
+                ..Load::default()
+            }),
             policy,
         }
     }
@@ -746,7 +753,7 @@ mod tests {
     /// `rows` texts of 10 source tokens joining together and running `steps` steps side by
     /// side: their encoding and their steps.
     fn group(rows: usize, steps: u64) -> f64 {
-        rows as f64 * cost::encode(10) + cost::ENCODE_FIXED + cost::steps(rows, 10, 0, steps)
+        rows as f64 * cost::encode(10) + cost::ENCODE_FIXED + cost::padded_steps(rows, 10, 0, steps)
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -810,8 +817,8 @@ mod tests {
         // hold none, so it joins with the last two of the 50: the four running end, 12
         // groups of four join and run, then it and the last two, and it ends after 10 steps.
         let short = job(&[text(10, 10)]);
-        let expected = cost::steps(4, 10, 0, 90) + 12.0 * group(4, 90) + group(3, 10);
-        let replayed = Replay::new(policy.rows, &load.jobs, &short).run(&[]);
+        let expected = cost::padded_steps(4, 10, 0, 90) + 12.0 * group(4, 90) + group(3, 10);
+        let replayed = Replay::new(policy.rows, StepCost::default(), &load.jobs, &short).run(&[]);
         assert!(
             close(replayed.finish(), expected),
             "{replayed:?}, {expected}"
@@ -1059,7 +1066,7 @@ mod tests {
         // Three groups of four ahead of one more text: taken...
         let id = load.admit(&policy, &[text(10, 90)]).unwrap();
         let (_, estimate) = load.jobs[&id].estimate.unwrap();
-        let expected = cost::steps(4, 10, 0, 90) + 2.0 * group(4, 90) + group(1, 90);
+        let expected = cost::padded_steps(4, 10, 0, 90) + 2.0 * group(4, 90) + group(1, 90);
         assert!((estimate.as_secs_f64() - expected / 1000.0).abs() < 1e-6);
         // ...unless requests have been finishing several times as late as estimated (then
         // neither it nor the one just taken would be done in time).
@@ -1117,7 +1124,7 @@ mod tests {
         running_jobs(&mut load, 1, 10);
         let id = load.admit(&off, &[text(10, 90)]).unwrap();
         let (_, estimate) = load.jobs[&id].estimate.unwrap();
-        let expected = cost::steps(1, 10, 0, 10) + group(1, 90);
+        let expected = cost::padded_steps(1, 10, 0, 10) + group(1, 90);
         assert!((estimate.as_secs_f64() - expected / 100.0).abs() < 1e-6);
     }
 
@@ -1140,7 +1147,10 @@ mod tests {
         assert_eq!((load.waiting_texts(), load.queued_requests()), (1, 1));
         assert_eq!(load.jobs.keys().collect::<Vec<_>>(), vec![&second]);
         let full = load.work();
-        assert!(close(full, cost::encode(10) + cost::row_steps(10, 0, 90)));
+        assert!(close(
+            full,
+            cost::encode(10) + StepCost::default().row_steps(10, 0, 90)
+        ));
         // The worker encodes the text's source and takes 30 steps...
         let joined = Progress {
             joined: vec![(second, 0)],
@@ -1158,9 +1168,12 @@ mod tests {
             load.apply(&step, Duration::from_micros(300));
         }
         assert_eq!((load.waiting_texts(), load.batch_rows()), (0, 1));
-        assert!(close(load.work(), cost::row_steps(10, 30, 60)));
+        assert!(close(
+            load.work(),
+            StepCost::default().row_steps(10, 30, 60)
+        ));
         // ...measured in cost units: its encoding, and 30 steps of one row beside its source.
-        let units = cost::encode(10) + cost::ENCODE_FIXED + cost::steps(1, 10, 0, 30);
+        let units = cost::encode(10) + cost::ENCODE_FIXED + cost::padded_steps(1, 10, 0, 30);
         let busy = 0.001 + 29.0 * 0.0003;
         let measured = Throughput::with_prior(
             cost::PRIOR_UNITS_PER_SECOND,
@@ -1211,7 +1224,10 @@ mod tests {
         long.position = 7;
         job.running.insert(1, long);
         load.jobs.insert(0, job);
-        assert!(close(load.step(), cost::step(2, 1000, 7)));
+        assert!(close(
+            load.step(),
+            StepCost::default().step(&StepRows::uniform(2, 1000, 7))
+        ));
         // Every running text moved one position on.
         let positions: Vec<u64> = load.jobs[&0].running.values().map(|t| t.position).collect();
         assert_eq!(positions, [1, 8]);

@@ -36,6 +36,7 @@ use tracing::Span;
 
 use crate::metrics::WorkerMetrics;
 use admission::{least_loaded, AdmissionPolicy, Door, Refusal, MAX_REQUEST_COST_SHARE};
+use cost::StepCost;
 use job::Job;
 use nmt_engine::backend::{Backend, BackendError};
 use nmt_engine::decode::{DecodeInput, SpecialIds};
@@ -234,7 +235,10 @@ impl Translator {
         }
         let doors: Doors = backends
             .iter()
-            .map(|_| Arc::new(Door::new(config.admission())))
+            .map(|backend| {
+                let cost = StepCost::new(backend.attention_reads());
+                Arc::new(Door::new(config.admission(), cost))
+            })
             .collect();
         let mut senders = Vec::with_capacity(backends.len());
         let mut handles = Vec::with_capacity(backends.len());

@@ -2,7 +2,9 @@
 //! expected sizes of the accepted requests and a new one, to tell when each would finish.
 //! Rows end after their expected steps, and free rows go to waiting texts as the worker gives
 //! them. Time is counted in cost units ([`cost`]), as the worker's throughput is: every step
-//! at its rows and the longest source and output among them, every source encoded.
+//! as the worker's backend prices it ([`StepCost`]: by its rows' own sources and positions
+//! where the attention reads them row by row, by the longest among them where it reads padded
+//! slots), every source encoded.
 //!
 //! A closed formula got this wrong. Processor sharing (each job ahead delays a new one by
 //! the lesser of their works) assumes every job is served at once; but a job cannot hold
@@ -15,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use std::time::{Duration, Instant};
 
-use super::cost;
+use super::cost::{self, StepCost, StepRows};
 use super::policy::{JobId, RowPolicy, Rows, Turn};
 
 /// One accepted text, as the door counts it.
@@ -35,13 +37,13 @@ pub(super) struct TextLoad {
 impl TextLoad {
     /// What is left of its work, on its own: its encoding if waiting, and its rows' share of
     /// the steps left (the steps' fixed part and padding to longer rows not included).
-    fn work(&self, waiting: bool) -> f64 {
+    fn work(&self, waiting: bool, cost: &StepCost) -> f64 {
         let encode = if waiting {
             cost::encode(self.source)
         } else {
             0.0
         };
-        encode + cost::row_steps(self.source, self.position, self.steps)
+        encode + cost.row_steps(self.source, self.position, self.steps)
     }
 }
 
@@ -61,9 +63,15 @@ pub(super) struct JobLoad {
 }
 
 impl JobLoad {
-    pub fn work(&self) -> f64 {
-        let waiting: f64 = self.waiting.iter().map(|text| text.work(true)).sum();
-        waiting + self.running.values().map(|t| t.work(false)).sum::<f64>()
+    /// What is left of its work, its steps priced by `cost`.
+    pub fn work(&self, cost: &StepCost) -> f64 {
+        let waiting: f64 = self.waiting.iter().map(|text| text.work(true, cost)).sum();
+        waiting
+            + self
+                .running
+                .values()
+                .map(|t| t.work(false, cost))
+                .sum::<f64>()
     }
 
     pub fn finished(&self) -> bool {
@@ -131,10 +139,13 @@ impl<T: Ord + Copy> Counts<T> {
 
 pub(super) struct Replay<'a> {
     policy: RowPolicy,
+    cost: StepCost,
     rows: BinaryHeap<Reverse<Row>>,
-    /// The running rows' sources and first steps.
+    /// The running rows' sources and first steps, and their sums.
     sources: Counts<u64>,
     joins: Counts<i64>,
+    source_sum: u64,
+    join_sum: i64,
     /// Each job's waiting texts and how many of them have joined.
     waiting: BTreeMap<JobId, (&'a VecDeque<TextLoad>, usize)>,
     /// Rows each job holds.
@@ -147,7 +158,8 @@ pub(super) struct Replay<'a> {
     step: i64,
     /// The step of the last encoder run, whose fixed part counts once a step.
     encoded_at: Option<i64>,
-    cost: f64,
+    /// Cost units counted so far.
+    spent: f64,
 }
 
 impl<'a> Replay<'a> {
@@ -155,12 +167,20 @@ impl<'a> Replay<'a> {
     pub const NEW: JobId = JobId::MAX;
 
     /// The replay of `jobs` (accepted, in the order they were) and `new` after them.
-    pub fn new(policy: RowPolicy, jobs: &'a BTreeMap<JobId, JobLoad>, new: &'a JobLoad) -> Self {
+    pub fn new(
+        policy: RowPolicy,
+        cost: StepCost,
+        jobs: &'a BTreeMap<JobId, JobLoad>,
+        new: &'a JobLoad,
+    ) -> Self {
         let mut replay = Replay {
             policy,
+            cost,
             rows: BinaryHeap::new(),
             sources: Counts::default(),
             joins: Counts::default(),
+            source_sum: 0,
+            join_sum: 0,
             waiting: BTreeMap::new(),
             held: BTreeMap::new(),
             turn: BTreeSet::new(),
@@ -168,7 +188,7 @@ impl<'a> Replay<'a> {
             batch_tokens: 0,
             step: 0,
             encoded_at: None,
-            cost: 0.0,
+            spent: 0.0,
         };
         let all = jobs
             .iter()
@@ -201,6 +221,8 @@ impl<'a> Replay<'a> {
         self.batch_tokens += row.budget;
         self.sources.insert(row.source);
         self.joins.insert(row.joined);
+        self.source_sum += row.source;
+        self.join_sum += row.joined;
         self.rows.push(Reverse(row));
     }
 
@@ -221,24 +243,30 @@ impl<'a> Replay<'a> {
                 next += 1;
             }
             match (allowances.get(next), new_finish) {
-                (Some(&(allowance, job)), _) if self.cost > allowance => {
-                    return Verdict::Late { job, at: self.cost }
+                (Some(&(allowance, job)), _) if self.spent > allowance => {
+                    return Verdict::Late {
+                        job,
+                        at: self.spent,
+                    }
                 }
                 (None, Some(new_finish)) => return Verdict::OnTime { new_finish },
                 _ => {}
             }
             let Some(&Reverse(Row { end, .. })) = self.rows.peek() else {
                 // Nothing runs and nothing can join: every job is done.
-                let new_finish = new_finish.unwrap_or(self.cost);
+                let new_finish = new_finish.unwrap_or(self.spent);
                 return Verdict::OnTime { new_finish };
             };
             self.advance(end);
             for job in self.end_rows(end) {
                 if job == Self::NEW {
-                    new_finish = Some(self.cost);
+                    new_finish = Some(self.spent);
                 }
-                if allowed.get(&job).is_some_and(|&a| self.cost > a) {
-                    return Verdict::Late { job, at: self.cost };
+                if allowed.get(&job).is_some_and(|&a| self.spent > a) {
+                    return Verdict::Late {
+                        job,
+                        at: self.spent,
+                    };
                 }
             }
         }
@@ -246,11 +274,17 @@ impl<'a> Replay<'a> {
 
     /// Steps the running rows up to step `end`.
     fn advance(&mut self, end: i64) {
-        let rows = self.rows.len();
-        let source = self.sources.last().unwrap_or(0);
+        let rows = self.rows.len() as i64;
         let first = self.joins.first().unwrap_or(self.step);
-        let position = (self.step - first).max(0) as u64;
-        self.cost += cost::steps(rows, source, position, (end - self.step) as u64);
+        let batch = StepRows {
+            rows: rows as u64,
+            sources: self.source_sum,
+            // Every row joined at or before this step: its position is the steps since.
+            positions: (rows * self.step - self.join_sum).max(0) as u64,
+            longest_source: self.sources.last().unwrap_or(0),
+            furthest_position: (self.step - first).max(0) as u64,
+        };
+        self.spent += self.cost.steps(&batch, (end - self.step) as u64);
         self.step = end;
     }
 
@@ -265,6 +299,8 @@ impl<'a> Replay<'a> {
             self.batch_tokens -= row.budget;
             self.sources.remove(row.source);
             self.joins.remove(row.joined);
+            self.source_sum -= row.source;
+            self.join_sum -= row.joined;
             let held = self.held.get_mut(&row.job).expect("a job with rows");
             if self.turn.remove(&Turn {
                 held: *held,
@@ -309,9 +345,9 @@ impl Rows for Replay<'_> {
         if more {
             self.turn.insert(Turn { held: *held, job });
         }
-        self.cost += cost::encode(text.source);
+        self.spent += cost::encode(text.source);
         if self.encoded_at != Some(self.step) {
-            self.cost += cost::ENCODE_FIXED;
+            self.spent += cost::ENCODE_FIXED;
             self.encoded_at = Some(self.step);
         }
         self.push(Row {
@@ -328,6 +364,7 @@ impl Rows for Replay<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::cost::{AttentionReads, ContextReads};
     use crate::scheduler::policy::Batching;
 
     fn rows(max_batch_size: usize, max_batch_tokens: usize) -> RowPolicy {
@@ -358,7 +395,22 @@ mod tests {
     fn group(count: usize, source: u64, steps: u64) -> f64 {
         count as f64 * cost::encode(source)
             + cost::ENCODE_FIXED
-            + cost::steps(count, source, 0, steps)
+            + cost::padded_steps(count, source, 0, steps)
+    }
+
+    /// One job: a text of 1,000 source tokens 200 steps into its output, 50 steps left.
+    fn long_text_running() -> BTreeMap<JobId, JobLoad> {
+        let mut long = JobLoad::default();
+        long.running.insert(
+            0,
+            TextLoad {
+                source: 1000,
+                steps: 50,
+                position: 200,
+                budget: 2000,
+            },
+        );
+        BTreeMap::from([(0, long)])
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -376,14 +428,14 @@ mod tests {
         // A one-text request holds no row, so it takes one of the first that free: the four
         // rows end, it joins with three of the big one's and runs 90 steps beside them.
         let one = waiting(&[text(10, 90)]);
-        let replayed = Replay::new(rows(4, 10_000), &jobs, &one).run(&[]);
-        let expected = cost::steps(4, 10, 0, 90) + group(4, 10, 90);
+        let replayed = Replay::new(rows(4, 10_000), StepCost::default(), &jobs, &one).run(&[]);
+        let expected = cost::padded_steps(4, 10, 0, 90) + group(4, 10, 90);
         assert!(close(replayed.finish(), expected), "{replayed:?}");
         // Forty texts alternate with the big one for rows: two in each of 20 rounds after the
         // first, where waiting for all of the big one first would take 24.
         let forty = waiting(&vec![text(10, 90); 40]);
-        let replayed = Replay::new(rows(4, 10_000), &jobs, &forty).run(&[]);
-        let expected = cost::steps(4, 10, 0, 90) + 20.0 * group(4, 10, 90);
+        let replayed = Replay::new(rows(4, 10_000), StepCost::default(), &jobs, &forty).run(&[]);
+        let expected = cost::padded_steps(4, 10, 0, 90) + 20.0 * group(4, 10, 90);
         assert!(close(replayed.finish(), expected), "{replayed:?}");
     }
 
@@ -394,38 +446,67 @@ mod tests {
             (0..3).map(|id| (id, waiting(&[text(10, 90)]))).collect();
         // Two join and run 90 steps, then the third and the new one.
         let new = waiting(&[text(10, 90)]);
-        let replayed = Replay::new(rows(4, 250), &jobs, &new).run(&[]);
+        let replayed = Replay::new(rows(4, 250), StepCost::default(), &jobs, &new).run(&[]);
         assert!(close(replayed.finish(), 2.0 * group(2, 10, 90)));
         // A text over the limit runs alone rather than never: after the third, alone.
         let huge = waiting(&[text(10, 500)]);
-        let replayed = Replay::new(rows(4, 250), &jobs, &huge).run(&[]);
+        let replayed = Replay::new(rows(4, 250), StepCost::default(), &jobs, &huge).run(&[]);
         let expected = group(2, 10, 90) + group(1, 10, 90) + group(1, 10, 500);
         assert!(close(replayed.finish(), expected), "{replayed:?}");
     }
 
     #[test]
-    fn every_row_pays_for_the_longest_source_and_output_beside_it() {
+    fn over_padded_slots_every_row_pays_for_the_longest_source_and_output_beside_it() {
         // A text of 1,000 source tokens 200 steps into its output runs, 50 steps left. A short
         // text joining beside it makes its steps two rows at that source and that position:
         // more than three times what it costs alone.
-        let mut long = JobLoad::default();
-        long.running.insert(
-            0,
-            TextLoad {
-                source: 1000,
-                steps: 50,
-                position: 200,
-                budget: 2000,
-            },
-        );
-        let jobs = BTreeMap::from([(0, long)]);
+        let jobs = long_text_running();
         let short = waiting(&[text(10, 20)]);
-        let replayed = Replay::new(rows(4, 10_000), &jobs, &short).run(&[]);
-        let beside = cost::encode(10) + cost::ENCODE_FIXED + cost::steps(2, 1000, 200, 20);
+        let replayed = Replay::new(rows(4, 10_000), StepCost::default(), &jobs, &short).run(&[]);
+        let beside = cost::encode(10) + cost::ENCODE_FIXED + cost::padded_steps(2, 1000, 200, 20);
         assert!(close(replayed.finish(), beside), "{replayed:?}");
-        let alone = Replay::new(rows(4, 10_000), &BTreeMap::new(), &short).run(&[]);
+        let alone = Replay::new(
+            rows(4, 10_000),
+            StepCost::default(),
+            &BTreeMap::new(),
+            &short,
+        )
+        .run(&[]);
         assert!(close(alone.finish(), group(1, 10, 20)));
         assert!(beside > 3.0 * alone.finish(), "{beside} vs {alone:?}");
+    }
+
+    #[test]
+    fn rows_that_read_their_own_context_pay_for_their_own_lengths() {
+        // The same long text beside the same short one, on a backend whose attention reads
+        // each row's own source and cache (the fused kernels): the short row's steps are
+        // priced by its own lengths, step by step as the positions grow, plus the padding's
+        // residue.
+        let own = StepCost::new(AttentionReads {
+            source: ContextReads::OwnRows,
+            cache: ContextReads::OwnRows,
+        });
+        let jobs = long_text_running();
+        let short = waiting(&[text(10, 20)]);
+        let replayed = Replay::new(rows(4, 10_000), own, &jobs, &short).run(&[]);
+        let stepped: f64 = (0..20)
+            .map(|i| {
+                let mut batch = StepRows::default();
+                batch.add(1000, 200 + i);
+                batch.add(10, i);
+                own.step(&batch)
+            })
+            .sum();
+        let beside = cost::encode(10) + cost::ENCODE_FIXED + stepped;
+        assert!(close(replayed.finish(), beside), "{replayed:?} vs {beside}");
+        let padded = Replay::new(rows(4, 10_000), StepCost::default(), &jobs, &short).run(&[]);
+        assert!(
+            replayed.finish() < 0.7 * padded.finish(),
+            "{replayed:?} vs {padded:?}"
+        );
+        // What is left of a job is its rows' own share either way.
+        let left = jobs[&0].work(&own);
+        assert!(close(left, own.row_steps(1000, 200, 50)));
     }
 
     #[test]
@@ -435,7 +516,7 @@ mod tests {
         let jobs = BTreeMap::from([(0, waiting(&[text(10, 90); 4]))]);
         let new = waiting(&[text(10, 90); 4]);
         let round = group(4, 10, 90);
-        let replay = || Replay::new(rows(4, 10_000), &jobs, &new);
+        let replay = || Replay::new(rows(4, 10_000), StepCost::default(), &jobs, &new);
         let both = 2.001 * round;
         let on_time = replay().run(&[(both, 0), (both, Replay::NEW)]);
         let Verdict::OnTime { new_finish } = on_time else {

@@ -525,6 +525,7 @@ impl<B: Backend> Rows for Filling<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheduler::cost::StepCost;
     use crate::scheduler::tests::{config, long_text, metrics, text};
     use crate::scheduler::{Batching, SchedulerConfig};
     use nmt_engine::testing::{CopyBackend, SPECIAL};
@@ -538,7 +539,7 @@ mod tests {
         jobs: &[Vec<DecodeInput>],
     ) -> (Worker<CopyBackend>, Vec<Answer>) {
         let (_sender, receiver) = mpsc::unbounded_channel();
-        let doors: Doors = Arc::new([Arc::new(Door::new(config.admission()))]);
+        let doors: Doors = Arc::new([Arc::new(Door::new(config.admission(), StepCost::default()))]);
         let mut worker = Worker::new(
             CopyBackend::default(),
             SPECIAL,
