@@ -160,6 +160,23 @@ pub(super) struct Replay<'a> {
     encoded_at: Option<i64>,
     /// Cost units counted so far.
     spent: f64,
+    /// The rows whose cost every step keeps ([`KeepFull`]).
+    keep_full: Option<KeepFull>,
+}
+
+/// A batch kept as full as it is: the rows that finish are refilled by what arrives next,
+/// which the replay cannot see. Without this, a long text accepted into a busy batch was
+/// replayed running nearly alone once the rows around it finished, at a fraction of what its
+/// steps then cost beside later arrivals: under an overload of verses beside inputs of ~630
+/// subwords, those inputs took 2.4x their estimates (median and 98th percentile alike,
+/// texts waiting for rows at acceptance or not; `docs/benchmarks/admission-own-rows.md`).
+/// Each step short of `rows` real rows is priced with the missing ones at the batch's mean
+/// source and position when the replay began.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct KeepFull {
+    rows: u64,
+    source: u64,
+    position: u64,
 }
 
 impl<'a> Replay<'a> {
@@ -189,6 +206,7 @@ impl<'a> Replay<'a> {
             step: 0,
             encoded_at: None,
             spent: 0.0,
+            keep_full: None,
         };
         let all = jobs
             .iter()
@@ -213,6 +231,14 @@ impl<'a> Replay<'a> {
                 replay.waiting.insert(id, (&job.waiting, 0));
                 replay.turn.insert(Turn { held, job: id });
             }
+        }
+        let rows = replay.rows.len() as u64;
+        if rows > 0 {
+            replay.keep_full = Some(KeepFull {
+                rows,
+                source: replay.source_sum / rows,
+                position: (-replay.join_sum).max(0) as u64 / rows,
+            });
         }
         replay
     }
@@ -284,7 +310,22 @@ impl<'a> Replay<'a> {
             longest_source: self.sources.last().unwrap_or(0),
             furthest_position: (self.step - first).max(0) as u64,
         };
-        self.spent += self.cost.steps(&batch, (end - self.step) as u64);
+        let count = (end - self.step) as u64;
+        self.spent += self.cost.steps(&batch, count);
+        if let Some(full) = self.keep_full {
+            let missing = full.rows.saturating_sub(batch.rows);
+            if missing > 0 {
+                let mut kept = batch;
+                kept.rows += missing;
+                kept.sources += missing * full.source;
+                kept.positions += missing * full.position;
+                kept.longest_source = kept.longest_source.max(full.source);
+                kept.furthest_position = kept.furthest_position.max(full.position);
+                // The refilled rows are priced as they stand: newcomers replace finished
+                // ones, so their mean position does not grow.
+                self.spent += count as f64 * (self.cost.step(&kept) - self.cost.step(&batch));
+            }
+        }
         self.step = end;
     }
 
@@ -507,6 +548,74 @@ mod tests {
         // What is left of a job is its rows' own share either way.
         let left = jobs[&0].work(&own);
         assert!(close(left, own.row_steps(1000, 200, 50)));
+    }
+
+    #[test]
+    fn the_batch_is_replayed_as_full_as_it_is() {
+        // Four verses running, 10 steps left, and a long text joining as they end: its 300
+        // steps are not replayed alone, since the rows the verses free are refilled by what
+        // arrives next; they cost what four rows' do, the three refilled at the verses' mean
+        // source (40) and position (20).
+        let mut verses = JobLoad::default();
+        for index in 0..4 {
+            verses.running.insert(
+                index,
+                TextLoad {
+                    source: 40,
+                    steps: 10,
+                    position: 20,
+                    budget: 100,
+                },
+            );
+        }
+        let jobs = BTreeMap::from([(0, verses)]);
+        let long = waiting(&[text(600, 300)]);
+        let own = StepCost::new(AttentionReads {
+            source: ContextReads::OwnRows,
+            cache: ContextReads::OwnRows,
+        });
+        let replayed = Replay::new(rows(4, 10_000), own, &jobs, &long).run(&[]);
+        let verses_steps: f64 = (0..10)
+            .map(|i| own.step(&StepRows::uniform(4, 40, 20 + i)))
+            .sum();
+        let mut long_steps = 0.0;
+        for i in 0..300 {
+            let mut batch = StepRows::default();
+            batch.add(600, i);
+            for _ in 0..3 {
+                batch.add(40, 20);
+            }
+            long_steps += own.step(&batch);
+        }
+        let stepwise = verses_steps + cost::encode(600) + cost::ENCODE_FIXED + long_steps;
+        // In closed form: the long row's steps grow its position, the refilled rows are priced
+        // as they stand at the first of them (their share of the padding's residue does not
+        // follow the long row's growing cache): within a percent of step by step.
+        let mut real = StepRows::default();
+        real.add(600, 0);
+        let mut kept = real;
+        for _ in 0..3 {
+            kept.add(40, 20);
+        }
+        let closed = verses_steps
+            + cost::encode(600)
+            + cost::ENCODE_FIXED
+            + own.steps(&real, 300)
+            + 300.0 * (own.step(&kept) - own.step(&real));
+        assert!(close(replayed.finish(), closed), "{replayed:?} vs {closed}");
+        assert!(
+            (replayed.finish() / stepwise - 1.0).abs() < 0.01,
+            "{stepwise}"
+        );
+        // Nothing running: nothing to keep.
+        let alone = Replay::new(rows(4, 10_000), own, &BTreeMap::new(), &long).run(&[]);
+        let own_steps: f64 = (0..300)
+            .map(|i| own.step(&StepRows::uniform(1, 600, i)))
+            .sum();
+        assert!(close(
+            alone.finish(),
+            cost::encode(600) + cost::ENCODE_FIXED + own_steps
+        ));
     }
 
     #[test]
