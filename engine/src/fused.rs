@@ -26,7 +26,7 @@ use crate::backend::{AttentionReads, ContextReads};
 /// (every CPU session of the engine has it); `taken` counts the kernels the session creates.
 pub fn domain(taken: &Arc<KernelsTaken>) -> ort::Result<OperatorDomain> {
     let cached = |relative| CachedAttentionStepOp {
-        relative,
+        kernel: CachedAttentionStep { relative },
         taken: Arc::clone(taken),
     };
     OperatorDomain::new(names::FUSED_DOMAIN)?
@@ -256,23 +256,18 @@ struct CachedAttentionStep {
     relative: bool,
 }
 
-/// Operator of [`CachedAttentionStep`].
+/// Operator of [`CachedAttentionStep`]: the kernel it creates, counted in `taken`.
 struct CachedAttentionStepOp {
-    relative: bool,
+    kernel: CachedAttentionStep,
     taken: Arc<KernelsTaken>,
-}
-
-/// The operator's name, with relative tables or without.
-fn cached_op(relative: bool) -> &'static str {
-    match relative {
-        true => names::RELATIVE_CACHED_ATTENTION_STEP,
-        false => names::CACHED_ATTENTION_STEP,
-    }
 }
 
 impl CachedAttentionStep {
     fn op(&self) -> &'static str {
-        cached_op(self.relative)
+        match self.relative {
+            true => names::RELATIVE_CACHED_ATTENTION_STEP,
+            false => names::CACHED_ATTENTION_STEP,
+        }
     }
 }
 
@@ -280,7 +275,7 @@ impl Operator for CachedAttentionStepOp {
     type Kernel<'attr> = CachedAttentionStep;
 
     fn name(&self) -> &str {
-        cached_op(self.relative)
+        self.kernel.op()
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
@@ -289,7 +284,11 @@ impl Operator for CachedAttentionStepOp {
         // their keys and values, rows and zeros; the scale.
         let cache = [Float32, Float32, Float32, Float32, Float32, Float32, Int64];
         let tables = [Float32, Float32, Int64, Float32];
-        let tables = if self.relative { &tables[..] } else { &[] };
+        let tables = if self.kernel.relative {
+            &tables[..]
+        } else {
+            &[]
+        };
         cache
             .into_iter()
             .chain(tables.iter().copied())
@@ -304,9 +303,7 @@ impl Operator for CachedAttentionStepOp {
 
     fn create_kernel<'attr>(&self, _: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
         self.taken.cached.fetch_add(1, Ordering::Relaxed);
-        Ok(CachedAttentionStep {
-            relative: self.relative,
-        })
+        Ok(self.kernel)
     }
 }
 
@@ -832,19 +829,29 @@ mod tests {
         assert_eq!(most.load(Ordering::SeqCst), 1);
         // Once one has succeeded, calls overlap.
         guard.run(|| Ok::<(), ()>(())).unwrap();
+        inside.store(0, Ordering::SeqCst);
+        most.store(0, Ordering::SeqCst);
         let start = Barrier::new(2);
-        let both_inside = Barrier::new(2);
         std::thread::scope(|scope| {
             for _ in 0..2 {
                 scope.spawn(|| {
                     start.wait();
-                    guard.run(|| -> Result<(), ()> {
-                        // Both reach this point only if neither waits for the other.
-                        both_inside.wait();
-                        Ok(())
+                    guard.run(|| {
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        // Waits (a while, not for ever) for the other to come in too.
+                        for _ in 0..200 {
+                            if most.load(Ordering::SeqCst) == 2 {
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<(), ()>(())
                     })
                 });
             }
         });
+        assert_eq!(most.load(Ordering::SeqCst), 2);
     }
 }

@@ -168,17 +168,34 @@ pub(crate) enum RunPattern {
     OncePerText,
 }
 
-/// A session builder with the options applied, and the execution provider it got.
-pub(crate) fn session_builder(
+/// A session opened on a graph, the execution provider it got, and what its attention reads.
+pub(crate) struct OpenedSession {
+    pub session: Session,
+    pub execution_provider: &'static str,
+    pub attention_reads: AttentionReads,
+}
+
+/// Opens the graph at `path` with the options applied (every session of the engine).
+pub(crate) fn open_session(
     env: &Environment,
     options: &SessionOptions,
     pattern: RunPattern,
-) -> anyhow::Result<(ort::session::builder::SessionBuilder, &'static str)> {
-    session_builder_counting(env, options, pattern, &Arc::default())
+    path: &Path,
+) -> anyhow::Result<OpenedSession> {
+    let taken = Arc::default();
+    let (mut builder, execution_provider) = session_builder(env, options, pattern, &taken)?;
+    let session = crate::fused::commit_session(|| builder.commit_from_file(path))
+        .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", path.display()))?;
+    Ok(OpenedSession {
+        session,
+        execution_provider,
+        attention_reads: taken.reads(),
+    })
 }
 
-/// [`session_builder`], `taken` counting the fused kernels the session creates.
-fn session_builder_counting(
+/// A session builder with the options applied, and the execution provider it got; `taken`
+/// counts the fused kernels the session creates.
+fn session_builder(
     env: &Environment,
     options: &SessionOptions,
     pattern: RunPattern,
@@ -324,23 +341,18 @@ impl OrtBackend {
         options: &SessionOptions,
         workers: usize,
     ) -> anyhow::Result<Vec<Self>> {
-        let open = |file: &str, pattern: RunPattern| {
-            let taken = Arc::default();
-            let (mut builder, execution_provider) =
-                session_builder_counting(env, options, pattern, &taken)?;
-            let path = dir.join(file);
-            let session = crate::fused::commit_session(|| builder.commit_from_file(&path))
-                .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", path.display()))?;
-            anyhow::Ok((session, execution_provider, taken.reads()))
-        };
-        let (encoder, _, _) = open(files::ENCODER, RunPattern::OncePerText)?;
+        let open = |file: &str, pattern| open_session(env, options, pattern, &dir.join(file));
+        let encoder = open(files::ENCODER, RunPattern::OncePerText)?.session;
         let ports = |outlets: &[Outlet]| outlets.iter().map(port).collect::<Vec<_>>();
         let (encoder_inputs, encoder_outputs) = (ports(encoder.inputs()), ports(encoder.outputs()));
         let encoder = Arc::new(Mutex::new(encoder));
         let mut backends = Vec::with_capacity(workers);
         for _ in 0..workers.max(1) {
-            let (decoder, execution_provider, attention_reads) =
-                open(files::DECODER, RunPattern::Steps)?;
+            let OpenedSession {
+                session: decoder,
+                execution_provider,
+                attention_reads,
+            } = open(files::DECODER, RunPattern::Steps)?;
             let layout = check_contract(
                 manifest,
                 &encoder_inputs,

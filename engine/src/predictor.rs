@@ -17,7 +17,7 @@ use tokenizers::Tokenizer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::memory;
-use crate::onnx::{padded_sources, session_builder, RunPattern, SessionOptions};
+use crate::onnx::{open_session, padded_sources, RunPattern, SessionOptions};
 
 /// Most requests waiting for a neural predictor (a BERT, a head on the encoder) before more
 /// are refused (429): the queue comes before admission, so it must stay short next to a
@@ -113,9 +113,7 @@ impl LengthPredictor {
             }
         };
         let graph = dir.join(&spec.graph);
-        let (mut builder, _) = session_builder(env, options, RunPattern::OncePerText)?;
-        let session = crate::fused::commit_session(|| builder.commit_from_file(&graph))
-            .map_err(|e| anyhow!("{}: ONNX Runtime cannot load it: {e}", graph.display()))?;
+        let session = open_session(env, options, RunPattern::OncePerText, &graph)?.session;
         let has = |ports: &[ort::value::Outlet], name: &str| ports.iter().any(|p| p.name() == name);
         let inputs = match reads {
             PredictorInput::Text(_) => {

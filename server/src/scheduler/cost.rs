@@ -169,7 +169,7 @@ impl StepCost {
         if batch.rows == 0 || count == 0 {
             return 0.0;
         }
-        let (_, (p_own, p_pad)) = (self.source(), self.position());
+        let (p_own, p_pad) = self.position();
         let k = count as f64;
         // The positions past the first add 0 + 1 + ... + (k - 1) to every row.
         let growth = k * (k - 1.0) / 2.0 * batch.rows as f64 * (p_own + p_pad);
