@@ -29,12 +29,19 @@ pub fn domain(taken: &Arc<KernelsTaken>) -> ort::Result<OperatorDomain> {
         kernel: CachedAttentionStep { relative },
         taken: Arc::clone(taken),
     };
-    OperatorDomain::new(names::FUSED_DOMAIN)?
+    let domain = OperatorDomain::new(names::FUSED_DOMAIN)?
         .add(AttentionStepOp {
             taken: Arc::clone(taken),
         })?
         .add(cached(true))?
-        .add(cached(false))
+        .add(cached(false))?;
+    // Without VNNI the operator's body (ONNX Runtime's u8s8 product) runs instead.
+    match crate::row_int8::available() {
+        true => domain.add(crate::row_int8::RowQuantizedMatMulOp {
+            taken: Arc::clone(taken),
+        }),
+        false => Ok(domain),
+    }
 }
 
 /// Creates a session (`commit`) whose builder may hold [`domain`]. ONNX Runtime adds a custom
@@ -78,9 +85,17 @@ impl UntilFirstSuccess {
 pub struct KernelsTaken {
     cross: AtomicUsize,
     cached: AtomicUsize,
+    /// Int8 products run by [`crate::row_int8`]'s kernel.
+    pub(crate) int8: AtomicUsize,
 }
 
 impl KernelsTaken {
+    /// How many of the session's int8 products run on the VNNI kernel (the rest, if any, on
+    /// the operator's body).
+    pub fn int8_kernels(&self) -> usize {
+        self.int8.load(Ordering::Relaxed)
+    }
+
     /// What the session's decoder-step attention reads, by the kernels it took.
     pub fn reads(&self) -> AttentionReads {
         let reads = |count: &AtomicUsize| match count.load(Ordering::Relaxed) {
@@ -212,8 +227,13 @@ struct StepInputs<'a> {
     scale: f32,
 }
 
-/// `softmax(q k^T * scale + bias) v` per row and head, over the row's [`visible_columns`].
-fn attention_step(x: &StepInputs<'_>, out: &mut [f32]) {
+crate::by_cpu::by_cpu! {
+    /// `softmax(q k^T * scale + bias) v` per row and head, over the row's [`visible_columns`].
+    fn attention_step(x: &StepInputs<'_>, out: &mut [f32]) => attention_step_lanes
+}
+
+#[inline(always)]
+fn attention_step_lanes(x: &StepInputs<'_>, out: &mut [f32]) {
     let StepShape {
         batch,
         heads,
@@ -465,10 +485,15 @@ impl CachedInputs<'_> {
     }
 }
 
-/// A cached step's self-attention per row and head over the row's visible cache columns and
-/// its new one: `softmax((q k_j [+ q a_j]) * scale + bias_j)` weighs `v_j [+ b_j]`, `a_j`/`b_j`
-/// the relative tables' rows of column `j` where there are tables.
-fn cached_attention_step(x: &CachedInputs<'_>, out: &mut [f32]) {
+crate::by_cpu::by_cpu! {
+    /// A cached step's self-attention per row and head over the row's visible cache columns
+    /// and its new one: `softmax((q k_j [+ q a_j]) * scale + bias_j)` weighs `v_j [+ b_j]`,
+    /// `a_j`/`b_j` the relative tables' rows of column `j` where there are tables.
+    fn cached_attention_step(x: &CachedInputs<'_>, out: &mut [f32]) => cached_attention_step_lanes
+}
+
+#[inline(always)]
+fn cached_attention_step_lanes(x: &CachedInputs<'_>, out: &mut [f32]) {
     let CachedShape {
         batch,
         heads,
@@ -528,6 +553,7 @@ fn visible_columns(bias: &[f32], visible: &mut Vec<usize>) {
 
 /// Normalises `scores` in place (softmax) and writes into `context` the sum of each
 /// column's vectors weighted by its probability.
+#[inline(always)]
 fn softmax_weigh<'v, const N: usize>(
     scores: &mut [f32],
     context: &mut [f32],
@@ -548,6 +574,7 @@ fn softmax_weigh<'v, const N: usize>(
 }
 
 /// Sixteen partial sums, which the compiler keeps in vector registers.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut partial = [0.0f32; 16];
     let (a_blocks, b_blocks) = (a.chunks_exact(16), b.chunks_exact(16));
@@ -566,6 +593,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `out += w * v`.
+#[inline(always)]
 fn axpy(w: f32, v: &[f32], out: &mut [f32]) {
     for (o, x) in out.iter_mut().zip(v) {
         *o += w * x;

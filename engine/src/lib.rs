@@ -25,6 +25,7 @@
 //!   Runtime, the dev package's manifest and tokenizers.
 
 pub mod backend;
+mod by_cpu;
 pub mod char_length;
 pub mod contract;
 pub mod decode;
@@ -40,6 +41,7 @@ pub mod onnx;
 pub mod package;
 pub mod pipeline;
 pub mod predictor;
+pub mod row_int8;
 pub mod sentences;
 pub mod slots;
 #[cfg(any(test, feature = "testing"))]

@@ -153,9 +153,63 @@ pub fn argmax_among(logits: ArrayView1<'_, f32>, allowed: &[u32]) -> u32 {
 /// [`argmax_except`] that also passes over every token of `banned` (a short list, usually
 /// empty).
 fn argmax_excluding(logits: ArrayView1<'_, f32>, one: Option<u32>, banned: &[u32]) -> u32 {
-    argmax_scored(logits, |id, v| {
-        (one != Some(id) && !banned.contains(&id)).then_some(v)
-    })
+    let excluded = |id: u32| one == Some(id) || banned.contains(&id);
+    // The row's first maximum, found sixteen lanes at a time, is the answer unless it is
+    // excluded (a banned token or an EOS not yet allowed), which is rare.
+    if let Some(values) = logits.as_slice() {
+        match first_max(values) {
+            None => return 0,
+            Some(best) if !excluded(best as u32) => return best as u32,
+            Some(_) => {}
+        }
+    }
+    argmax_scored(logits, |id, v| (!excluded(id)).then_some(v))
+}
+
+crate::by_cpu::by_cpu! {
+    /// Index of the first largest value above minus infinity (NaNs never win), or None: the
+    /// answer of [`argmax_scored`] with nothing excluded. A decoder step takes one per row
+    /// over the whole vocabulary.
+    fn first_max(values: &[f32]) -> Option<usize> => first_max_lanes
+}
+
+/// [`first_max`] over sixteen lanes, each keeping its largest value and where it was first
+/// seen (strictly larger replaces), in a form the compiler turns into vector compares and
+/// blends.
+#[inline(always)]
+fn first_max_lanes(values: &[f32]) -> Option<usize> {
+    const LANES: usize = 16;
+    let mut best = [f32::NEG_INFINITY; LANES];
+    let mut at = [0u32; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for (c, chunk) in chunks.enumerate() {
+        let base = (c * LANES) as u32;
+        for i in 0..LANES {
+            let larger = chunk[i] > best[i];
+            best[i] = if larger { chunk[i] } else { best[i] };
+            at[i] = if larger { base + i as u32 } else { at[i] };
+        }
+    }
+    let mut winner: Option<(f32, usize)> = None;
+    for i in 0..LANES {
+        let (v, j) = (best[i], at[i] as usize);
+        let wins = match winner {
+            None => v > f32::NEG_INFINITY,
+            Some((w, k)) => v > w || (v == w && j < k),
+        };
+        if wins {
+            winner = Some((v, j));
+        }
+    }
+    // The tail comes after every lane's index, so only a larger value wins.
+    let tail_start = values.len() - tail.len();
+    for (j, &v) in tail.iter().enumerate() {
+        if v > winner.map_or(f32::NEG_INFINITY, |(w, _)| w) {
+            winner = Some((v, tail_start + j));
+        }
+    }
+    winner.map(|(_, j)| j)
 }
 
 /// The token with the largest `score(id, logit)`, tokens it scores `None` passed over; the
@@ -232,6 +286,34 @@ mod tests {
             log_prob(array![f32::NAN, f32::NAN].view(), 0),
             f32::NEG_INFINITY
         );
+    }
+
+    #[test]
+    fn the_lane_argmax_agrees_with_the_plain_one() {
+        let plain = |v: &[f32]| argmax_scored(ArrayView1::from(v), |_, x| Some(x));
+        let mut state = 7u64;
+        for len in [0, 1, 15, 16, 17, 33, 1_000, 12_016] {
+            let mut v: Vec<f32> = (0..len)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    ((state >> 40) % 64) as f32 // many ties
+                })
+                .collect();
+            if len > 20 {
+                (v[3], v[19], v[len - 1]) = (f32::NAN, f32::NEG_INFINITY, f32::NAN);
+            }
+            let want = plain(&v);
+            assert_eq!(first_max(&v).unwrap_or(0) as u32, want, "{len} values");
+            assert_eq!(
+                first_max_lanes(&v).unwrap_or(0) as u32,
+                want,
+                "{len} values"
+            );
+        }
+        assert_eq!(first_max(&[f32::NAN, f32::NEG_INFINITY]), None);
+        let mut late = vec![0.0f32; 40];
+        late[39] = 1.0;
+        assert_eq!(first_max(&late), Some(39));
     }
 
     #[test]

@@ -67,6 +67,11 @@ ACTIVATION_ZERO_POINT = 128
 ACTIVATION_QMAX = 127
 # A row of zeros gets this absolute maximum, so its scale is not 0 and it quantizes to 128s.
 TINY = 1e-30
+# The fused operators' domain (model_package::names::FUSED_DOMAIN) and the int8 product in it
+# (names::ROW_QUANTIZED_MATMUL), whose kernel is engine/src/row_int8.rs.
+FUSED_DOMAIN = "nmt"
+FUSED_DOMAIN_VERSION = 1
+ROW_QUANTIZED_MATMUL = "RowQuantizedMatMul"
 
 
 def fail(message: str) -> NoReturn:
@@ -165,11 +170,59 @@ def quantized_weight(weight: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndar
     return values, scale
 
 
+def row_quantized_matmul(opset: int) -> onnx.FunctionProto:
+    """The body of `nmt.RowQuantizedMatMul(x, weights, scales)`: the per-row quantization and
+    integer product that the unfused graph spells out (`Rewriter.row_quantized`), which a
+    runtime without the engine's kernel inlines and runs."""
+
+    def constant(name: str, value: np.ndarray) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
+
+    if opset >= AXES_AS_INPUT:
+        peak = [
+            constant("axes", np.array([-1], np.int64)),
+            helper.make_node("ReduceMax", ["abs", "axes"], ["peak"], keepdims=1),
+        ]
+    else:
+        peak = [helper.make_node("ReduceMax", ["abs"], ["peak"], axes=[-1], keepdims=1)]
+    nodes = [
+        constant("tiny", np.array(TINY, np.float32)),
+        constant("inverse_qmax", np.array(1.0 / ACTIVATION_QMAX, np.float32)),
+        constant("one", np.array(1.0, np.float32)),
+        constant("zero_point", np.array(ACTIVATION_ZERO_POINT, np.uint8)),
+        helper.make_node("Abs", ["x"], ["abs"]),
+        *peak,
+        helper.make_node("Max", ["peak", "tiny"], ["peak_nonzero"]),
+        helper.make_node("Mul", ["peak_nonzero", "inverse_qmax"], ["scale"]),
+        helper.make_node("Div", ["x", "scale"], ["steps"]),
+        helper.make_node("QuantizeLinear", ["steps", "one", "zero_point"], ["values"]),
+        helper.make_node(
+            "MatMulIntegerToFloat",
+            ["values", "weights", "scale", "scales", "zero_point"],
+            ["y"],
+            domain=CONTRIB_DOMAIN,
+        ),
+    ]
+    return helper.make_function(
+        FUSED_DOMAIN,
+        ROW_QUANTIZED_MATMUL,
+        ["x", "weights", "scales"],
+        ["y"],
+        nodes,
+        [helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB_DOMAIN, 1)],
+        doc_string=(
+            "x W with int8 weights [K, N] and one float scale per column; each row of x "
+            "quantized to uint8 on its own scale max(max |x_row|, 1e-30) / 127 around 128."
+        ),
+    )
+
+
 class Rewriter:
     """Replaces weight MatMuls by per-row integer products, sharing each input's quantization."""
 
-    def __init__(self, graph: onnx.GraphProto, opset: int, weight_qmax: int) -> None:
+    def __init__(self, graph: onnx.GraphProto, opset: int, weight_qmax: int, fused: bool) -> None:
         self.graph = graph
+        self.fused = fused
         self.opset = opset
         self.weight_qmax = weight_qmax
         # The float weights, read once: the tensors the rewrite adds are never looked up.
@@ -222,6 +275,17 @@ class Rewriter:
         self.graph.initializer.extend(
             [numpy_helper.from_array(values, f"{p}.values"), numpy_helper.from_array(scale, f"{p}.scale")]
         )
+        if self.fused:
+            self.nodes.setdefault(at, []).append(
+                helper.make_node(
+                    ROW_QUANTIZED_MATMUL,
+                    [node.input[0], f"{p}.values", f"{p}.scale"],
+                    [node.output[0]],
+                    name=node.name or p,
+                    domain=FUSED_DOMAIN,
+                )
+            )
+            return
         rows, row_scale = self.row_quantized(node.input[0], at)
         inputs = [rows, f"{p}.values", row_scale, f"{p}.scale", self.constants["zero_point"]]
         # A bias stays a separate Add: ONNX Runtime 1.31 applies a per-row scale after adding
@@ -261,18 +325,31 @@ class Rewriter:
         return len(targets)
 
 
-def quantize(model: onnx.ModelProto, logits: str, weight_bits: int) -> tuple[onnx.ModelProto, dict[str, object]]:
+def quantize(
+    model: onnx.ModelProto, logits: str, weight_bits: int, fused: bool
+) -> tuple[onnx.ModelProto, dict[str, object]]:
     untied = untie_logits(model.graph, logits)
     if not any(o.domain == CONTRIB_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    rewriter = Rewriter(model.graph, opset, (1 << (weight_bits - 1)) - 1)
+    rewriter = Rewriter(model.graph, opset, (1 << (weight_bits - 1)) - 1, fused)
     replaced = rewriter.run()
-    integer = sum(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
+    if fused:
+        if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, FUSED_DOMAIN_VERSION))
+        model.functions.append(row_quantized_matmul(opset))
+    product = ROW_QUANTIZED_MATMUL if fused else "MatMulIntegerToFloat"
+    integer = sum(n.op_type == product for n in model.graph.node)
     left = [model.graph.node[i].name for i in weight_matmuls(model.graph)]
     if left or integer != replaced:
         fail(f"{replaced} weight MatMuls, {integer} quantized; still float: {left}")
-    onnx.checker.check_model(model, full_check=True)
+    if fused:
+        # onnx's shape inference does not know ONNX Runtime's contrib ops, so it cannot type
+        # the body's MatMulIntegerToFloat; ONNX Runtime, which inlines the body, checks instead.
+        onnx.checker.check_model(model)
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    else:
+        onnx.checker.check_model(model, full_check=True)
     ops: dict[str, int] = {}
     for node in model.graph.node:
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
@@ -307,9 +384,14 @@ def main() -> None:
     parser.add_argument("output")
     parser.add_argument("--weight-bits", type=int, choices=[7, 8], required=True, help="range of the int8 weights")
     parser.add_argument("--logits", default="logits", help="graph output of the vocabulary scores")
+    parser.add_argument(
+        "--unfused",
+        action="store_true",
+        help="spell each product out as standard nodes instead of nmt.RowQuantizedMatMul",
+    )
     args = parser.parse_args()
 
-    model, graph = quantize(onnx.load(args.input), args.logits, args.weight_bits)
+    model, graph = quantize(onnx.load(args.input), args.logits, args.weight_bits, not args.unfused)
     write_atomically(model, args.output)
     print(
         json.dumps(

@@ -67,7 +67,7 @@ enum Command {
 fn report_quantized(quantized: &Quantized, out: &std::path::Path) {
     let (enc, dec) = (&quantized.encoder, &quantized.decoder);
     println!(
-        "wrote {} (int8, {}-bit weights: {} + {} weight MatMuls as MatMulIntegerToFloat, output projection {}) to {}",
+        "wrote {} (int8, {}-bit weights: {} + {} weight MatMuls as integer products, output projection {}) to {}",
         quantized.manifest.name,
         model_package::int8::weight_bits_of(&quantized.manifest.quantization),
         enc.matmul_integer,

@@ -67,6 +67,13 @@ pub struct Int8Options {
     /// on one without it gets a warning at load (docs/model-package.md, "Int8").
     #[arg(long, value_enum, default_value_t = WeightBits::Auto)]
     pub weight_bits: WeightBits,
+    /// Spell each integer product out as seven standard nodes (the per-row quantization and
+    /// ONNX Runtime's MatMulIntegerToFloat) instead of one `nmt.RowQuantizedMatMul` node
+    /// defined by those nodes. Both give the same numbers; the engine runs the fused node with
+    /// its own VNNI kernel where the CPU has AVX-512 VNNI (docs/model-package.md, "Int8").
+    /// For runtimes that cannot inline a model's local functions.
+    #[arg(long)]
+    pub unfused: bool,
     #[command(flatten)]
     pub python: Python,
 }
@@ -118,11 +125,13 @@ pub struct QuantizeArgs {
 pub struct GraphReport {
     /// MatMuls against a stored matrix before quantization (the untied projection counted).
     pub weight_matmuls: usize,
-    /// Integer products after it, one per weight MatMul: MatMulIntegerToFloat nodes
-    /// (MatMulInteger in packages quantized per tensor).
+    /// Integer products after it, one per weight MatMul: `nmt.RowQuantizedMatMul` nodes
+    /// (MatMulIntegerToFloat in unfused packages, MatMulInteger in packages quantized per
+    /// tensor).
     pub matmul_integer: usize,
-    /// Activations quantized per row: one per distinct input of the weight MatMuls (a
-    /// layer's Q, K and V projections share theirs). Absent from older reports.
+    /// Activations quantized per row by nodes of the graph: one per distinct input of the
+    /// weight MatMuls (a layer's Q, K and V projections share theirs) in unfused packages,
+    /// 0 where each fused product quantizes its rows. Absent from older reports.
     #[serde(default)]
     pub row_quantizers: usize,
     /// Whether the tied output projection was rewritten against its own transposed copy.
@@ -151,13 +160,13 @@ pub struct Quantized {
 
 /// Runs the quantizer on one graph, `input` -> `output`.
 fn quantize_graph(
-    python: &Python,
+    options: &Int8Options,
     weight_bits: u8,
     input: &Path,
     output: &Path,
 ) -> anyhow::Result<ScriptReport> {
     let bits = weight_bits.to_string();
-    let args = [
+    let mut args = vec![
         input.as_os_str(),
         output.as_os_str(),
         "--weight-bits".as_ref(),
@@ -165,7 +174,11 @@ fn quantize_graph(
         "--logits".as_ref(),
         names::LOGITS.as_ref(),
     ];
-    python
+    if options.unfused {
+        args.push("--unfused".as_ref());
+    }
+    options
+        .python
         .run_json(SCRIPT, &args)
         .with_context(|| format!("quantizing {}", input.display()))
 }
@@ -238,16 +251,15 @@ pub fn quantize_package(args: &QuantizeArgs) -> anyhow::Result<Quantized> {
         None => serde_json::Value::Null,
     };
 
-    let python = &args.int8.python;
     let weight_bits = args.int8.weight_bits.bits();
     let encoder = quantize_graph(
-        python,
+        &args.int8,
         weight_bits,
         &args.package.join(files::ENCODER),
         &args.out.join(files::ENCODER),
     )?;
     let decoder = quantize_graph(
-        python,
+        &args.int8,
         weight_bits,
         &args.package.join(files::DECODER),
         &args.out.join(files::DECODER),
@@ -296,6 +308,10 @@ pub fn quantize_package(args: &QuantizeArgs) -> anyhow::Result<Quantized> {
             _ => "--weight-bits",
         },
         "activations": "uint8 around zero point 128, one scale per row (max |x| / 127), computed as the graph runs, so a row does not depend on its batch-mates",
+        "products": match args.int8.unfused {
+            true => "unfused: the per-row quantization and MatMulIntegerToFloat as standard nodes",
+            false => "nmt.RowQuantizedMatMul (the engine's VNNI kernel where the CPU has AVX-512 VNNI, else its body: the per-row quantization and MatMulIntegerToFloat)",
+        },
         "from": {
             "name": manifest.name,
             files::ENCODER: float_files.get(files::ENCODER),

@@ -1,6 +1,7 @@
 //! Int8 packages (`nmt-export quantize`) of tiny models trained for real on real verses, one
 //! per preset family: every weight MatMul of both graphs, the output projection included,
-//! becomes a MatMulIntegerToFloat with per-channel int8 weights and per-row uint8 activations; a
+//! becomes an `nmt.RowQuantizedMatMul` with per-channel int8 weights and per-row uint8
+//! activations, defined by a body of ONNX Runtime nodes (with `--unfused`, those nodes); a
 //! row's logits are the same alone and in a shared batch; the server loads the package and
 //! reports it as int8; and through the server's own backend it picks the float32 package's
 //! token at nearly every decoder step, fed the reference or float32's greedy output. Needs
@@ -41,13 +42,17 @@ const SENTENCES: usize = 40;
 struct Graph {
     nodes: Vec<NodeProto>,
     initializers: HashMap<String, TensorProto>,
+    /// Names of the model's local functions (the fused operators' bodies).
+    functions: Vec<String>,
 }
 
 impl Graph {
     fn load(path: &Path) -> Graph {
         let bytes = std::fs::read(path).unwrap();
-        let graph = ModelProto::decode(&bytes[..]).unwrap().graph.unwrap();
+        let model = ModelProto::decode(&bytes[..]).unwrap();
+        let graph = model.graph.unwrap();
         Graph {
+            functions: model.functions.into_iter().map(|f| f.name).collect(),
             nodes: graph.node,
             initializers: graph
                 .initializer
@@ -97,14 +102,18 @@ impl Graph {
     }
 }
 
-/// What a weight MatMul becomes: ONNX Runtime's integer product with float scales.
-const INTEGER_PRODUCT: &str = "MatMulIntegerToFloat";
+/// What a weight MatMul becomes: the fused int8 product (x, int8 weights, column scales).
+const INTEGER_PRODUCT: &str = names::ROW_QUANTIZED_MATMUL;
+/// What it becomes in an `--unfused` package: ONNX Runtime's integer product with float
+/// scales, after the nodes that quantize its rows.
+const UNFUSED_PRODUCT: &str = "MatMulIntegerToFloat";
 
 /// `TensorProto.DataType.INT8`; the exporter itself writes none.
 const INT8: i32 = 3;
 
-/// Checks that every weight product of `float` is a per-channel int8 MatMulIntegerToFloat in
-/// `int8` and returns how many there are.
+/// Checks that every weight product of `float` is a per-channel int8 RowQuantizedMatMul in
+/// `int8`, of float rows, with the operator's body in the model, and returns how many there
+/// are.
 fn check_graph(float: &Graph, int8: &Graph, file: &str) -> usize {
     let expected = float.weight_products();
     assert_eq!(
@@ -117,7 +126,51 @@ fn check_graph(float: &Graph, int8: &Graph, file: &str) -> usize {
         0,
         "{file}: float weight products left"
     );
+    assert!(
+        int8.functions.iter().any(|f| f == INTEGER_PRODUCT),
+        "{file}: no body of {INTEGER_PRODUCT} among {:?}",
+        int8.functions
+    );
     for node in int8.nodes.iter().filter(|n| n.op_type == INTEGER_PRODUCT) {
+        assert_eq!(node.domain, names::FUSED_DOMAIN, "{file}: {}", node.name);
+        let weight = int8
+            .stored(&node.input[1])
+            .unwrap_or_else(|| panic!("{file}: {} multiplies no stored matrix", node.name));
+        assert_eq!(weight.data_type, INT8, "{file}: {}", weight.name);
+        assert_eq!(weight.dims.len(), 2, "{file}: {}", weight.name);
+        // Float rows in, quantized by the operator one row at a time; one stored scale per
+        // output column, which is what per-channel means.
+        assert!(
+            int8.stored(&node.input[0]).is_none(),
+            "{file}: {} multiplies a stored input",
+            node.name
+        );
+        assert_eq!(
+            int8.stored(&node.input[2]).map(|t| t.dims.clone()),
+            Some(vec![weight.dims[1]]),
+            "{file}: column scales of {}",
+            weight.name
+        );
+    }
+    expected
+}
+
+/// [`check_graph`] for an `--unfused` package: MatMulIntegerToFloat nodes of rows quantized
+/// by nodes of the graph.
+fn check_unfused_graph(float: &Graph, int8: &Graph, file: &str) {
+    let expected = float.weight_products();
+    assert_eq!(
+        int8.count(UNFUSED_PRODUCT),
+        expected,
+        "{file}: {UNFUSED_PRODUCT} nodes"
+    );
+    assert_eq!(int8.count(INTEGER_PRODUCT), 0, "{file}: fused products");
+    assert_eq!(
+        int8.weight_products(),
+        0,
+        "{file}: float weight products left"
+    );
+    for node in int8.nodes.iter().filter(|n| n.op_type == UNFUSED_PRODUCT) {
         let weight = int8
             .stored(&node.input[1])
             .unwrap_or_else(|| panic!("{file}: {} multiplies no stored matrix", node.name));
@@ -140,13 +193,12 @@ fn check_graph(float: &Graph, int8: &Graph, file: &str) -> usize {
             weight.name
         );
     }
-    expected
 }
 
 /// The stored int8 matrix the decoder's logits are computed with: `[d_model, vocab]`.
 fn logits_weight(decoder: &Graph) -> Vec<i64> {
     let mut node = decoder.producer(names::LOGITS);
-    // MatMulIntegerToFloat -> (Identity to the output name).
+    // RowQuantizedMatMul -> (Identity to the output name).
     while node.op_type != INTEGER_PRODUCT {
         assert!(
             matches!(node.op_type.as_str(), "Identity" | "Mul" | "Cast"),
@@ -411,6 +463,45 @@ fn check_int8(preset: &str, steps: usize) {
     if preset == "transformer-tiny" {
         check_package_files(&float, &int8, &export);
     }
+    if ["transformer-tiny", "rel-ldpe-tiny"].contains(&preset) {
+        check_unfused(&float, work.path(), &examples, &got);
+    }
+}
+
+/// An `--unfused` package spells each product out as ONNX Runtime nodes, which is what the
+/// fused operator's body is; the engine runs the fused one with its VNNI kernel where the CPU
+/// has it, and that kernel reproduces the body to the bit: both packages write the same
+/// greedy outputs (`fused`: the fused package's).
+fn check_unfused(float: &Path, work: &Path, examples: &[Example], fused: &[Vec<u32>]) {
+    let unfused = work.join("int8-unfused");
+    let quantized = quantize_package(&QuantizeArgs {
+        package: float.to_path_buf(),
+        out: unfused.clone(),
+        name: None,
+        evaluation: None,
+        int8: Int8Options {
+            unfused: true,
+            ..Int8Options::default()
+        },
+    })
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    for file in [files::ENCODER, files::DECODER] {
+        let (f, q) = (
+            Graph::load(&float.join(file)),
+            Graph::load(&unfused.join(file)),
+        );
+        check_unfused_graph(&f, &q, file);
+    }
+    assert!(quantized.decoder.row_quantizers > 0);
+    let got = greedy(&mut backend(&unfused), examples);
+    let kernel = match nmt_engine::row_int8::available() {
+        true => "the VNNI kernel",
+        false => "the operator's body (no AVX-512 VNNI here)",
+    };
+    assert!(
+        got == fused,
+        "{kernel} and the unfused nodes wrote different outputs"
+    );
 }
 
 /// The length predictor's graph and pretrained files travel unchanged; `--quantize int8` on
