@@ -74,21 +74,25 @@ pub struct PackedWeights {
     zero_point_sums: Vec<i32>,
     /// One scale per column, zeros past N.
     scales: Vec<f32>,
+    /// One bias per column, zeros past N.
+    bias: Vec<f32>,
 }
 
 impl PackedWeights {
-    /// Packs `weights` (row-major `[inner, columns]`) and their column `scales`.
+    /// Packs `weights` (row-major `[inner, columns]`), their column `scales` and `bias`.
     pub fn new(
         weights: &[i8],
         scales: &[f32],
+        bias: &[f32],
         inner: usize,
         columns: usize,
     ) -> Result<Self, String> {
-        if weights.len() != inner * columns || scales.len() != columns {
+        if weights.len() != inner * columns || scales.len() != columns || bias.len() != columns {
             return Err(format!(
-                "weights of {} values and {} scales for [{inner}, {columns}]",
+                "weights of {} values, {} scales and {} biases for [{inner}, {columns}]",
                 weights.len(),
-                scales.len()
+                scales.len(),
+                bias.len()
             ));
         }
         if inner == 0 || inner > MAX_INNER {
@@ -106,15 +110,19 @@ impl PackedWeights {
                 zero_point_sums[n] -= ZERO_POINT * i32::from(w);
             }
         }
-        let mut padded_scales = scales.to_vec();
-        padded_scales.resize(panels * PANEL, 0.0);
+        let padded = |v: &[f32]| {
+            let mut v = v.to_vec();
+            v.resize(panels * PANEL, 0.0);
+            v
+        };
         Ok(PackedWeights {
             inner,
             columns,
             groups,
             values,
             zero_point_sums,
-            scales: padded_scales,
+            scales: padded(scales),
+            bias: padded(bias),
         })
     }
 
@@ -238,7 +246,13 @@ pub fn quantize_row(x: &[f32], q: &mut [u8]) -> f32 {
 
 /// The operator's arithmetic on unpacked weights, one multiply-add at a time: what the kernel
 /// is checked against.
-pub fn reference(x: &[f32], weights: &[i8], scales: &[f32], inner: usize) -> Vec<f32> {
+pub fn reference(
+    x: &[f32],
+    weights: &[i8],
+    scales: &[f32],
+    bias: &[f32],
+    inner: usize,
+) -> Vec<f32> {
     let columns = scales.len();
     let mut q = vec![0u8; inner];
     let mut out = Vec::with_capacity(x.len() / inner * columns);
@@ -248,8 +262,9 @@ pub fn reference(x: &[f32], weights: &[i8], scales: &[f32], inner: usize) -> Vec
             let sum: i32 = (0..inner)
                 .map(|k| (i32::from(q[k]) - ZERO_POINT) * i32::from(weights[k * columns + n]))
                 .sum();
-            // In the body's order: ONNX Runtime scales by the column, then by the row.
-            out.push(sum as f32 * scales[n] * scale);
+            // In the body's order: ONNX Runtime scales by the column, then by the row; the
+            // bias is the Add after it.
+            out.push(sum as f32 * scales[n] * scale + bias[n]);
         }
     }
     out
@@ -353,7 +368,10 @@ mod vnni {
                 let zero_point = _mm512_loadu_si512(w.zero_point_sums.as_ptr().add(column).cast());
                 let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(sum, zero_point));
                 let by_column = _mm512_mul_ps(sum, _mm512_loadu_ps(w.scales.as_ptr().add(column)));
-                let value = _mm512_mul_ps(by_column, row_scale);
+                let value = _mm512_add_ps(
+                    _mm512_mul_ps(by_column, row_scale),
+                    _mm512_loadu_ps(w.bias.as_ptr().add(column)),
+                );
                 let left = (w.columns - column).min(LANES);
                 let mask: __mmask16 = if left == LANES {
                     !0
@@ -386,7 +404,7 @@ impl Operator for RowQuantizedMatMulOp {
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
         use TensorElementType::{Float32, Int8};
-        [Float32, Int8, Float32].map(OperatorInput::required)
+        [Float32, Int8, Float32, Float32].map(OperatorInput::required)
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
@@ -402,13 +420,17 @@ impl Operator for RowQuantizedMatMulOp {
         let scales = ctx
             .constant_input::<DynTensorValueType>(2)
             .map_err(|e| fail(format!("the scales must be stored in the graph ({e})")))?;
+        let bias = ctx
+            .constant_input::<DynTensorValueType>(3)
+            .map_err(|e| fail(format!("the bias must be stored in the graph ({e})")))?;
         let (shape, weights) = weights.try_extract_tensor::<i8>()?;
         let (_, scales) = scales.try_extract_tensor::<f32>()?;
+        let (_, bias) = bias.try_extract_tensor::<f32>()?;
         let [inner, columns] = shape[..] else {
             return Err(fail(format!("weights of shape {shape:?}, not [K, N]")));
         };
-        let packed =
-            PackedWeights::new(weights, scales, inner as usize, columns as usize).map_err(fail)?;
+        let packed = PackedWeights::new(weights, scales, bias, inner as usize, columns as usize)
+            .map_err(fail)?;
         self.taken.int8.fetch_add(1, Ordering::Relaxed);
         Ok(RowQuantizedMatMul {
             weights: packed,
@@ -516,9 +538,10 @@ mod tests {
             let x = values(rows * inner, 1 + rows as u64);
             let w = int8_weights(inner * columns, 2 + inner as u64);
             let scales: Vec<f32> = values(columns, 3).iter().map(|v| v.abs() / 100.0).collect();
-            let packed = PackedWeights::new(&w, &scales, inner, columns).unwrap();
+            let bias = values(columns, 4);
+            let packed = PackedWeights::new(&w, &scales, &bias, inner, columns).unwrap();
             let got = run_sequential(&packed, &x);
-            let want = reference(&x, &w, &scales, inner);
+            let want = reference(&x, &w, &scales, &bias, inner);
             assert_eq!(got, want, "{rows} x ({inner} -> {columns})");
         }
     }
@@ -552,7 +575,14 @@ mod tests {
         }
         let (inner, columns) = (64, 80);
         let w = int8_weights(inner * columns, 9);
-        let packed = PackedWeights::new(&w, &vec![0.01; columns], inner, columns).unwrap();
+        let packed = PackedWeights::new(
+            &w,
+            &vec![0.01; columns],
+            &vec![0.5; columns],
+            inner,
+            columns,
+        )
+        .unwrap();
         let mut batch = values(6 * inner, 4);
         // A batch-mate of much larger values would change a per-batch scale.
         batch[..inner].iter_mut().for_each(|v| *v *= 1_000.0);
@@ -563,9 +593,11 @@ mod tests {
 
     #[test]
     fn rejects_weights_that_do_not_match_their_shape() {
-        assert!(PackedWeights::new(&[0; 6], &[1.0; 3], 2, 3).is_ok());
-        assert!(PackedWeights::new(&[0; 5], &[1.0; 3], 2, 3).is_err());
-        assert!(PackedWeights::new(&[0; 6], &[1.0; 2], 2, 3).is_err());
-        assert!(PackedWeights::new(&[], &[], 0, 0).is_err());
+        let ones = [1.0; 3];
+        assert!(PackedWeights::new(&[0; 6], &ones, &ones, 2, 3).is_ok());
+        assert!(PackedWeights::new(&[0; 5], &ones, &ones, 2, 3).is_err());
+        assert!(PackedWeights::new(&[0; 6], &ones[..2], &ones, 2, 3).is_err());
+        assert!(PackedWeights::new(&[0; 6], &ones, &ones[..2], 2, 3).is_err());
+        assert!(PackedWeights::new(&[], &[], &[], 0, 0).is_err());
     }
 }

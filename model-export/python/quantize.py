@@ -199,20 +199,23 @@ def row_quantized_matmul(opset: int) -> onnx.FunctionProto:
         helper.make_node(
             "MatMulIntegerToFloat",
             ["values", "weights", "scale", "scales", "zero_point"],
-            ["y"],
+            ["product"],
             domain=CONTRIB_DOMAIN,
         ),
+        # The bias as its own Add, as in the unfused graph (see `Rewriter.replace`).
+        helper.make_node("Add", ["product", "bias"], ["y"]),
     ]
     return helper.make_function(
         FUSED_DOMAIN,
         ROW_QUANTIZED_MATMUL,
-        ["x", "weights", "scales"],
+        ["x", "weights", "scales", "bias"],
         ["y"],
         nodes,
         [helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB_DOMAIN, 1)],
         doc_string=(
-            "x W with int8 weights [K, N] and one float scale per column; each row of x "
-            "quantized to uint8 on its own scale max(max |x_row|, 1e-30) / 127 around 128."
+            "x W + bias with int8 weights [K, N], one float scale per column and a float bias "
+            "[N]; each row of x quantized to uint8 on its own scale max(max |x_row|, 1e-30) / "
+            "127 around 128."
         ),
     )
 
@@ -228,6 +231,13 @@ class Rewriter:
         # The float weights, read once: the tensors the rewrite adds are never looked up.
         self.stored = initializers(graph)
         self.rows: dict[str, tuple[str, str]] = {}
+        # Who reads each value (index, node), and the bias Adds the fused products absorb.
+        self.readers: dict[str, list[tuple[int, onnx.NodeProto]]] = {}
+        for at, node in enumerate(graph.node):
+            for value in node.input:
+                self.readers.setdefault(value, []).append((at, node))
+        self.graph_outputs = {o.name for o in graph.output}
+        self.absorbed: set[int] = set()
         self.nodes: dict[int, list[onnx.NodeProto]] = {}
         self.constants: dict[str, str] = {}
 
@@ -276,11 +286,12 @@ class Rewriter:
             [numpy_helper.from_array(values, f"{p}.values"), numpy_helper.from_array(scale, f"{p}.scale")]
         )
         if self.fused:
+            bias, output = self.folded_bias(node, values.shape[1], p)
             self.nodes.setdefault(at, []).append(
                 helper.make_node(
                     ROW_QUANTIZED_MATMUL,
-                    [node.input[0], f"{p}.values", f"{p}.scale"],
-                    [node.output[0]],
+                    [node.input[0], f"{p}.values", f"{p}.scale", bias],
+                    [output],
                     name=node.name or p,
                     domain=FUSED_DOMAIN,
                 )
@@ -298,6 +309,28 @@ class Rewriter:
             )
         )
 
+    def folded_bias(self, node: onnx.NodeProto, columns: int, p: str) -> tuple[str, str]:
+        """(bias, output) of the fused product of `node`: the stored bias `[N]` of the Add that
+        alone reads its result, which the product then absorbs (one node fewer a layer), or
+        zeros where there is none (`x + 0` is `x` bit for bit)."""
+        readers = self.readers.get(node.output[0], [])
+        if len(readers) == 1 and node.output[0] not in self.graph_outputs:
+            at, add = readers[0]
+            bias = next((v for v in add.input if v != node.output[0]), "")
+            stored = self.stored.get(bias)
+            if (
+                add.op_type == "Add"
+                and list(add.input).count(node.output[0]) == 1
+                and stored is not None
+                and stored.data_type == TensorProto.FLOAT
+                and list(stored.dims) == [columns]
+            ):
+                self.absorbed.add(at)
+                return bias, add.output[0]
+        zeros = f"{p}.no_bias"
+        self.graph.initializer.append(numpy_helper.from_array(np.zeros(columns, np.float32), zeros))
+        return zeros, node.output[0]
+
     def run(self) -> int:
         targets = set(weight_matmuls(self.graph))
         weights_read = {self.graph.node[i].input[1] for i in targets}
@@ -307,6 +340,8 @@ class Rewriter:
                 self.replace(node, at)
             else:
                 kept[at] = node
+        for at in self.absorbed:
+            del kept[at]
         # The new nodes go where the MatMul was, which keeps the graph topologically sorted:
         # a shared input's quantization goes before its first reader.
         order: list[onnx.NodeProto] = []

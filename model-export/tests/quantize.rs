@@ -145,12 +145,31 @@ fn check_graph(float: &Graph, int8: &Graph, file: &str) -> usize {
             "{file}: {} multiplies a stored input",
             node.name
         );
-        assert_eq!(
-            int8.stored(&node.input[2]).map(|t| t.dims.clone()),
-            Some(vec![weight.dims[1]]),
-            "{file}: column scales of {}",
-            weight.name
-        );
+        for (what, input) in [("column scales", 2), ("bias", 3)] {
+            assert_eq!(
+                int8.stored(&node.input[input]).map(|t| t.dims.clone()),
+                Some(vec![weight.dims[1]]),
+                "{file}: {what} of {}",
+                weight.name
+            );
+        }
+    }
+    // The products absorb the bias Adds that alone read them: no Add of a stored vector is
+    // left as the only reader of a product.
+    for node in int8.nodes.iter().filter(|n| n.op_type == INTEGER_PRODUCT) {
+        let readers: Vec<&NodeProto> = int8
+            .nodes
+            .iter()
+            .filter(|n| n.input.contains(&node.output[0]))
+            .collect();
+        if let [add] = readers[..] {
+            assert!(
+                add.op_type != "Add" || add.input.iter().all(|i| int8.stored(i).is_none()),
+                "{file}: {} keeps its bias Add {}",
+                node.name,
+                add.name
+            );
+        }
     }
     expected
 }

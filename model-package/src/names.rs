@@ -112,12 +112,13 @@ pub const RELATIVE_CACHED_ATTENTION_STEP: &str = "RelativeCachedAttentionStep";
 /// positions, imported Marian models): inputs `q`, `past_keys`, `past_values`, `new_key`,
 /// `new_value`, `bias`, `split`, `scale` as there.
 pub const CACHED_ATTENTION_STEP: &str = "CachedAttentionStep";
-/// `x W` with int8 weights, each row of `x` quantized on its own scale so that its result does
-/// not depend on the other rows: inputs `x` float `[.., K]`, `weights` int8 `[K, N]` (one
-/// scale per column), `scales` float `[N]`; output float `[.., N]`. A row's scale is
-/// `max(max |x_row|, 1e-30) * (1/127)`, its values `x_row / scale` rounded half to even
-/// and shifted by 128 to uint8; the output is `(sum_k q_k W_kn - 128 sum_k W_kn) * scales_n
-/// * scale`, multiplied in that order (ONNX Runtime's `MatMulIntegerToFloat` in the body).
+/// `x W + bias` with int8 weights, each row of `x` quantized on its own scale so that its
+/// result does not depend on the other rows: inputs `x` float `[.., K]`, `weights` int8
+/// `[K, N]` (one scale per column), `scales` float `[N]`, `bias` float `[N]`; output float
+/// `[.., N]`. A row's scale is `max(max |x_row|, 1e-30) * (1/127)`, its values
+/// `x_row / scale` rounded half to even and shifted by 128 to uint8; the output is
+/// `(sum_k q_k W_kn - 128 sum_k W_kn) * scales_n * scale + bias_n`, in that order (ONNX
+/// Runtime's `MatMulIntegerToFloat` and an `Add` in the body).
 pub const ROW_QUANTIZED_MATMUL: &str = "RowQuantizedMatMul";
 /// The bias at or below which a column of a fused attention step has probability 0 (the graphs
 /// mask with -1e9; `exp` of anything below about -104 is 0 in float32).
