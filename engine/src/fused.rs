@@ -251,11 +251,11 @@ fn attention_step_lanes(x: &StepInputs<'_>, out: &mut [f32]) {
             let keys = &x.keys[at * len * head_dim..(at + 1) * len * head_dim];
             let values = &x.values[at * len * head_dim..(at + 1) * len * head_dim];
             weights.clear();
-            weights.extend(
-                visible
-                    .iter()
-                    .map(|&j| dot(q, &keys[j * head_dim..(j + 1) * head_dim]) * x.scale + bias[j]),
-            );
+            // Loops rather than `extend(map(..))`: the iterator's fold is compiled out of line,
+            // for the baseline CPU, whatever copy of this function calls it.
+            for &j in &visible {
+                weights.push(dot(q, &keys[j * head_dim..(j + 1) * head_dim]) * x.scale + bias[j]);
+            }
             let context = &mut out[at * head_dim..(at + 1) * head_dim];
             softmax_weigh(
                 &mut weights,
@@ -523,17 +523,19 @@ fn cached_attention_step_lanes(x: &CachedInputs<'_>, out: &mut [f32]) {
                 Some(tables) => {
                     let rows = &tables.rows[at * width..(at + 1) * width];
                     let table_row = |j: usize| rows[j] as usize * dh..(rows[j] as usize + 1) * dh;
-                    weights.extend(visible.iter().map(|&j| {
+                    for &j in &visible {
                         let score = dot(q, key(j)) + dot(q, &tables.keys[table_row(j)]);
-                        score * x.scale + bias[j]
-                    }));
+                        weights.push(score * x.scale + bias[j]);
+                    }
                     let vectors = visible
                         .iter()
                         .map(|&j| [value(j), &tables.values[table_row(j)]]);
                     softmax_weigh(&mut weights, context, vectors);
                 }
                 None => {
-                    weights.extend(visible.iter().map(|&j| dot(q, key(j)) * x.scale + bias[j]));
+                    for &j in &visible {
+                        weights.push(dot(q, key(j)) * x.scale + bias[j]);
+                    }
                     softmax_weigh(&mut weights, context, visible.iter().map(|&j| [value(j)]));
                 }
             }
