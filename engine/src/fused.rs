@@ -689,6 +689,14 @@ mod tests {
         for (got, want) in out.iter().zip(reference(&inputs)) {
             assert!((got - want).abs() < 1e-5, "{got} against {want}");
         }
+        // The copy this CPU picked gives the baseline copy's bits.
+        let mut baseline = vec![f32::NAN; q.len()];
+        attention_step_lanes(&inputs, &mut baseline);
+        assert_eq!(bits(&out), bits(&baseline));
+    }
+
+    fn bits(values: &[f32]) -> Vec<u32> {
+        values.iter().map(|v| v.to_bits()).collect()
     }
 
     /// A cached step's function body computed plainly: every column; with tables, the
@@ -808,6 +816,9 @@ mod tests {
             for (got, want) in out.iter().zip(cached_reference(&x, table)) {
                 assert!((got - want).abs() < 1e-5, "{got} against {want}");
             }
+            let mut baseline = vec![f32::NAN; q.len()];
+            cached_attention_step_lanes(&x, &mut baseline);
+            assert_eq!(bits(&out), bits(&baseline));
         }
         // A table row out of range, or tables of another width, is an error, not a panic.
         let mut bad = rows.clone();

@@ -173,6 +173,8 @@ pub(crate) struct OpenedSession {
     pub session: Session,
     pub execution_provider: &'static str,
     pub attention_reads: AttentionReads,
+    /// Int8 products run by the engine's VNNI kernel (`row_int8`).
+    pub int8_kernels: usize,
 }
 
 /// Opens the graph at `path` with the options applied (every session of the engine).
@@ -190,6 +192,7 @@ pub(crate) fn open_session(
         session,
         execution_provider,
         attention_reads: taken.reads(),
+        int8_kernels: taken.int8_kernels(),
     })
 }
 
@@ -342,17 +345,24 @@ impl OrtBackend {
         workers: usize,
     ) -> anyhow::Result<Vec<Self>> {
         let open = |file: &str, pattern| open_session(env, options, pattern, &dir.join(file));
-        let encoder = open(files::ENCODER, RunPattern::OncePerText)?.session;
+        let OpenedSession {
+            session: encoder,
+            int8_kernels: encoder_int8_kernels,
+            ..
+        } = open(files::ENCODER, RunPattern::OncePerText)?;
         let ports = |outlets: &[Outlet]| outlets.iter().map(port).collect::<Vec<_>>();
         let (encoder_inputs, encoder_outputs) = (ports(encoder.inputs()), ports(encoder.outputs()));
         let encoder = Arc::new(Mutex::new(encoder));
         let mut backends = Vec::with_capacity(workers);
+        let mut decoder_int8_kernels = 0;
         for _ in 0..workers.max(1) {
             let OpenedSession {
                 session: decoder,
                 execution_provider,
                 attention_reads,
+                int8_kernels,
             } = open(files::DECODER, RunPattern::Steps)?;
+            decoder_int8_kernels = int8_kernels;
             let layout = check_contract(
                 manifest,
                 &encoder_inputs,
@@ -376,6 +386,8 @@ impl OrtBackend {
             intra_op_threads = options.intra_op_threads.max(1),
             execution_provider = first.execution_provider,
             attention_reads = ?first.attention_reads,
+            // Int8 products on the engine's VNNI kernel (0: float32, or ONNX Runtime's body).
+            int8_vnni_products = encoder_int8_kernels + decoder_int8_kernels,
             workers = backends.len(),
             memory = ?first.layout.memory,
             states = ?first.layout.states.iter().map(|s| s.spec.name.as_str()).collect::<Vec<_>>(),
