@@ -65,8 +65,8 @@ pub struct Args {
 
     /// Threads one ONNX Runtime operator may use. 1 leaves the other cores to HTTP and to
     /// other workers (as many workers as cores is the fastest under many clients); on a 2-core
-    /// machine 2 made one client's float32 translations about 1.4x faster, int8's not
-    /// (docs/benchmarks/).
+    /// machine 2 made one client's float32 translations about 1.4-1.6x faster, int8's 1.05x
+    /// (docs/serving.md).
     #[arg(long, env = "NMT_INTRA_OP_THREADS", default_value_t = 1)]
     pub intra_op_threads: usize,
 
