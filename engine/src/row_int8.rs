@@ -2,14 +2,14 @@
 //! one at a time, with the integer sums done by AVX-512 VNNI (`vpdpbusd`, uint8 x int8 into
 //! int32).
 //!
-//! The operator's body (ONNX Runtime's `MatMulIntegerToFloat` after six small nodes that
-//! quantize each row) is what a runtime without this kernel runs; it gives the same numbers.
-//! What the kernel adds: one node instead of seven, weights packed once when the session is
-//! created in the order the instruction reads them, a matrix-vector loop that streams them
-//! at memory speed where ONNX Runtime's u8s8 GEMM packs its one row first, and columns split
-//! over the session's intra-op threads when the product is large (the output projection), so
-//! a single int8 stream uses the second core. Registered only where the CPU has AVX-512 with
-//! VNNI ([`available`]); elsewhere the body runs.
+//! The operator's body (six small nodes that quantize each row, ONNX Runtime's
+//! `MatMulIntegerToFloat` and the bias `Add`) is what a runtime without this kernel runs; the
+//! kernel gives the same bits. What it adds: one node instead of eight, weights packed once
+//! (and shared by the sessions of a model's workers) in the order the instruction reads them,
+//! a matrix-vector loop that streams them where ONNX Runtime's u8s8 GEMM packs its one row
+//! first, and columns split over the session's intra-op threads when the product is large
+//! (the output projection). Registered only where the CPU has AVX-512 with VNNI
+//! ([`available`]); elsewhere the body runs.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -82,6 +82,8 @@ pub struct PackedWeights {
 
 impl PackedWeights {
     /// Packs `weights` (row-major `[inner, columns]`), their column `scales` and `bias`.
+    /// Refused on a CPU without the kernel's instructions, so that a packing in hand can
+    /// always be multiplied with.
     pub fn new(
         weights: &[i8],
         scales: &[f32],
@@ -99,6 +101,9 @@ impl PackedWeights {
         }
         if inner == 0 || inner > MAX_INNER {
             return Err(format!("inner dimension {inner} outside 1..={MAX_INNER}"));
+        }
+        if !available() {
+            return Err("this CPU has no AVX-512 VNNI".into());
         }
         let groups = inner.div_ceil(GROUP);
         let panels = columns.div_ceil(PANEL);
@@ -158,7 +163,7 @@ impl PackedWeights {
             let first = panels * chunk / chunks;
             let last = panels * (chunk + 1) / chunks;
             // Safety: the chunks write disjoint panels (column ranges) of `out`, which
-            // outlives the calls; the kernel runs only where `available()` said so.
+            // outlives the calls; a packing exists only where `available()` (`new`).
             unsafe { self.panels_into(first..last, scratch, rows, out_at) };
         };
         match chunks {
@@ -171,7 +176,7 @@ impl PackedWeights {
     ///
     /// # Safety
     /// `out` points at `rows * N` floats that no one else writes in these panels' columns,
-    /// and the CPU has AVX-512 F, BW and VNNI.
+    /// and the CPU has AVX-512 F, BW, VL and VNNI.
     unsafe fn panels_into(
         &self,
         panels: std::ops::Range<usize>,
@@ -226,7 +231,7 @@ impl Quantized {
             .zip(self.values.chunks_exact_mut(self.stride))
         {
             #[cfg(target_arch = "x86_64")]
-            // Safety: the kernel, which needs these rows, runs only where `available()`.
+            // Safety: called by `multiply`, whose packing exists only where `available()`.
             let scale = unsafe { vnni::quantize_row(row, &mut q[..inner]) };
             #[cfg(not(target_arch = "x86_64"))]
             let scale = quantize_row(row, &mut q[..inner]);
@@ -638,6 +643,10 @@ mod tests {
 
     #[test]
     fn sessions_share_a_packing_of_the_same_weights_while_one_holds_it() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+            return;
+        }
         let w = int8_weights(8 * 20, 11);
         let (scales, bias) = (vec![0.5; 20], vec![0.0; 20]);
         let first = shared_packing(&w, &scales, &bias, 8, 20).unwrap();
@@ -655,7 +664,10 @@ mod tests {
     #[test]
     fn rejects_weights_that_do_not_match_their_shape() {
         let ones = [1.0; 3];
-        assert!(PackedWeights::new(&[0; 6], &ones, &ones, 2, 3).is_ok());
+        assert_eq!(
+            PackedWeights::new(&[0; 6], &ones, &ones, 2, 3).is_ok(),
+            available()
+        );
         assert!(PackedWeights::new(&[0; 5], &ones, &ones, 2, 3).is_err());
         assert!(PackedWeights::new(&[0; 6], &ones[..2], &ones, 2, 3).is_err());
         assert!(PackedWeights::new(&[0; 6], &ones, &ones[..2], 2, 3).is_err());

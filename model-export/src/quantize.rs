@@ -31,7 +31,7 @@ const SCRIPT: &str = include_str!("../python/quantize.py");
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantizeTo {
     /// int8 weights for every matrix product, the output projection included, one scale per
-    /// output channel; activations quantized per tensor as the graphs run.
+    /// output channel; activations quantized one row at a time as the graphs run.
     Int8,
 }
 
