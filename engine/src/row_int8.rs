@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 
 use model_package::names;
 use ort::operator::{ComputeContext, Kernel, KernelContext, Operator};
@@ -49,10 +49,7 @@ const MAX_INNER: usize = 65_536;
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
+        crate::by_cpu::has_avx512() && std::arch::is_x86_feature_detected!("avx512vnni")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -412,18 +409,18 @@ fn shared_packing(
     columns: usize,
 ) -> Result<Arc<PackedWeights>, String> {
     use sha2::{Digest, Sha256};
-    type Packings = HashMap<[u8; 32], Weak<PackedWeights>>;
-    static PACKINGS: Mutex<Option<Packings>> = Mutex::new(None);
+    static PACKINGS: LazyLock<Mutex<HashMap<[u8; 32], Weak<PackedWeights>>>> =
+        LazyLock::new(Mutex::default);
     let mut key = Sha256::new();
     key.update((inner as u64).to_le_bytes());
     key.update((columns as u64).to_le_bytes());
-    key.update(weights.iter().map(|&w| w as u8).collect::<Vec<u8>>());
+    // Safety: an i8 and a u8 have the same size and every bit pattern is valid for both.
+    key.update(unsafe { std::slice::from_raw_parts(weights.as_ptr().cast::<u8>(), weights.len()) });
     for value in scales.iter().chain(bias) {
         key.update(value.to_le_bytes());
     }
     let key: [u8; 32] = key.finalize().into();
     let mut packings = PACKINGS.lock().unwrap_or_else(PoisonError::into_inner);
-    let packings = packings.get_or_insert_with(HashMap::new);
     packings.retain(|_, packed| packed.strong_count() > 0);
     if let Some(packed) = packings.get(&key).and_then(Weak::upgrade) {
         return Ok(packed);
@@ -546,6 +543,14 @@ mod tests {
             .collect()
     }
 
+    /// Whether this CPU runs the kernel; says so when a test is skipped for it.
+    fn kernel_runs_here() -> bool {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        }
+        available()
+    }
+
     fn run_sequential(w: &PackedWeights, x: &[f32]) -> Vec<f32> {
         let mut out = vec![f32::NAN; x.len() / w.inner * w.columns];
         let mut scratch = Quantized::default();
@@ -570,8 +575,7 @@ mod tests {
 
     #[test]
     fn the_kernel_gives_the_reference_bit_for_bit() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        if !kernel_runs_here() {
             return;
         }
         // Inner dimensions off the group of four, columns off the panel and the register,
@@ -598,8 +602,7 @@ mod tests {
 
     #[test]
     fn the_vector_quantization_gives_the_scalar_bytes() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        if !kernel_runs_here() {
             return;
         }
         for (len, seed) in [(1, 1), (15, 2), (16, 3), (17, 4), (256, 5), (1_000, 6)] {
@@ -619,8 +622,7 @@ mod tests {
 
     #[test]
     fn a_row_gives_the_same_result_alone_and_among_others() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        if !kernel_runs_here() {
             return;
         }
         let (inner, columns) = (64, 80);
@@ -643,8 +645,7 @@ mod tests {
 
     #[test]
     fn sessions_share_a_packing_of_the_same_weights_while_one_holds_it() {
-        if !available() {
-            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        if !kernel_runs_here() {
             return;
         }
         let w = int8_weights(8 * 20, 11);

@@ -311,7 +311,7 @@ class Rewriter:
 
     def folded_bias(self, node: onnx.NodeProto, columns: int, p: str) -> tuple[str, str]:
         """(bias, output) of the fused product of `node`: the stored bias `[N]` of the Add that
-        alone reads its result, which the product then absorbs (one node fewer a layer), or
+        alone reads its result, which the product then absorbs (one node fewer a product), or
         zeros where there is none (`x + 0` is `x` bit for bit)."""
         readers = self.readers.get(node.output[0], [])
         if len(readers) == 1 and node.output[0] not in self.graph_outputs:

@@ -115,29 +115,14 @@ const INT8: i32 = 3;
 /// `int8`, of float rows, with the operator's body in the model, and returns how many there
 /// are.
 fn check_graph(float: &Graph, int8: &Graph, file: &str) -> usize {
-    let expected = float.weight_products();
-    assert_eq!(
-        int8.count(INTEGER_PRODUCT),
-        expected,
-        "{file}: {INTEGER_PRODUCT} nodes"
-    );
-    assert_eq!(
-        int8.weight_products(),
-        0,
-        "{file}: float weight products left"
-    );
+    let products = integer_products(float, int8, INTEGER_PRODUCT, file);
     assert!(
         int8.functions.iter().any(|f| f == INTEGER_PRODUCT),
         "{file}: no body of {INTEGER_PRODUCT} among {:?}",
         int8.functions
     );
-    for node in int8.nodes.iter().filter(|n| n.op_type == INTEGER_PRODUCT) {
+    for &(node, weight) in &products {
         assert_eq!(node.domain, names::FUSED_DOMAIN, "{file}: {}", node.name);
-        let weight = int8
-            .stored(&node.input[1])
-            .unwrap_or_else(|| panic!("{file}: {} multiplies no stored matrix", node.name));
-        assert_eq!(weight.data_type, INT8, "{file}: {}", weight.name);
-        assert_eq!(weight.dims.len(), 2, "{file}: {}", weight.name);
         // Float rows in, quantized by the operator one row at a time; one stored scale per
         // output column, which is what per-channel means.
         assert!(
@@ -156,7 +141,7 @@ fn check_graph(float: &Graph, int8: &Graph, file: &str) -> usize {
     }
     // The products absorb the bias Adds that alone read them: no Add of a stored vector is
     // left as the only reader of a product.
-    for node in int8.nodes.iter().filter(|n| n.op_type == INTEGER_PRODUCT) {
+    for &(node, _) in &products {
         let readers: Vec<&NodeProto> = int8
             .nodes
             .iter()
@@ -171,30 +156,46 @@ fn check_graph(float: &Graph, int8: &Graph, file: &str) -> usize {
             );
         }
     }
-    expected
+    products.len()
 }
 
-/// [`check_graph`] for an `--unfused` package: MatMulIntegerToFloat nodes of rows quantized
-/// by nodes of the graph.
-fn check_unfused_graph(float: &Graph, int8: &Graph, file: &str) {
-    let expected = float.weight_products();
+/// The `op_type` nodes of `int8`, one for each weight product of `float` (none left in
+/// float), each with its stored int8 matrix `[K, N]`.
+fn integer_products<'g>(
+    float: &Graph,
+    int8: &'g Graph,
+    op_type: &str,
+    file: &str,
+) -> Vec<(&'g NodeProto, &'g TensorProto)> {
     assert_eq!(
-        int8.count(UNFUSED_PRODUCT),
-        expected,
-        "{file}: {UNFUSED_PRODUCT} nodes"
+        int8.count(op_type),
+        float.weight_products(),
+        "{file}: {op_type} nodes"
     );
-    assert_eq!(int8.count(INTEGER_PRODUCT), 0, "{file}: fused products");
     assert_eq!(
         int8.weight_products(),
         0,
         "{file}: float weight products left"
     );
-    for node in int8.nodes.iter().filter(|n| n.op_type == UNFUSED_PRODUCT) {
-        let weight = int8
-            .stored(&node.input[1])
-            .unwrap_or_else(|| panic!("{file}: {} multiplies no stored matrix", node.name));
-        assert_eq!(weight.data_type, INT8, "{file}: {}", weight.name);
-        assert_eq!(weight.dims.len(), 2, "{file}: {}", weight.name);
+    int8.nodes
+        .iter()
+        .filter(|n| n.op_type == op_type)
+        .map(|node| {
+            let weight = int8
+                .stored(&node.input[1])
+                .unwrap_or_else(|| panic!("{file}: {} multiplies no stored matrix", node.name));
+            assert_eq!(weight.data_type, INT8, "{file}: {}", weight.name);
+            assert_eq!(weight.dims.len(), 2, "{file}: {}", weight.name);
+            (node, weight)
+        })
+        .collect()
+}
+
+/// [`check_graph`] for an `--unfused` package: MatMulIntegerToFloat nodes of rows quantized
+/// by nodes of the graph.
+fn check_unfused_graph(float: &Graph, int8: &Graph, file: &str) {
+    assert_eq!(int8.count(INTEGER_PRODUCT), 0, "{file}: fused products");
+    for (node, weight) in integer_products(float, int8, UNFUSED_PRODUCT, file) {
         // Rows come from a QuantizeLinear (of the rows divided by their own scale); the
         // product is scaled by that computed scale per row and by a stored scale per output
         // column, which is what per-channel means.
