@@ -145,6 +145,15 @@ fn load_model(
         max_queue_wait = scheduler.max_queue_wait.as_secs_f64(),
         "model loaded"
     );
+    if manifest.precision == model_package::Precision::Int8 && execution_provider == "CUDA" {
+        // Measured on an H100 (docs/benchmarks/cuda.md, session 29): the int8 package's test
+        // books at 8 sentences/s against its float32 twin's 54 on the same GPU.
+        tracing::warn!(
+            model = %manifest.name,
+            "an int8 package on CUDA runs several times slower than its float32 twin there: \
+             int8 packages are made for CPUs; serve the float32 package on a GPU"
+        );
+    }
     let bound = MemoryBound::new(
         manifest,
         ServingShape {

@@ -1,0 +1,1 @@
+"""What a lent GPU machine needs from here, packed to fit its transfers."""
