@@ -300,6 +300,21 @@ fi
 if [ $tier = full ]; then
   # The same models at -small, from that study's record, scored the same way, to set beside.
   evaluate eval-short-small "$cap,64" yes --from docs/experiments/position-study "${short[@]}"
+  # Both sizes in one plot, in finer buckets: nmt-eval draws a curve per package name, so the
+  # -small translations go in renamed (NAME.small).
+  sizes=()
+  for r in "${short[@]}"; do
+    small=docs/experiments/position-study/runs/$r/decoded-default.json
+    full=$record/runs/$r/decoded-default.json
+    [ -f "$small" ] && [ -f "$full" ] || continue
+    python3 -m nmt_tools.studies.position_study relabel "$small" "$dir/sizes/$r.small.json" "$r.small"
+    sizes+=(--package "$full" --package "$dir/sizes/$r.small.json")
+  done
+  if [ ${#sizes[@]} -gt 0 ]; then
+    echo "position-study: evaluating eval-short-sizes (the plot of both sizes)" >&2
+    "$bin/nmt-eval" "${sizes[@]}" --split test --beyond-input-limit --bucket-edges 16,32,48,64,96 \
+      --no-concat --bootstrap-samples 0 --out "$dir/eval-short-sizes" >&2
+  fi
   python3 -m nmt_tools.studies.position_study report "$dir" "$doc" --record "$record" --cap "$cap" \
     --terciles "$t1" "$t2" --steps "$steps" --size "$size" --models "${MODELS[@]}" \
     --thirds-models "${THIRDS_MODELS[@]}" --beside "$dir/eval-short-small" \

@@ -38,6 +38,7 @@ def system(run: str, buckets: list[str], concat: bool) -> dict[str, Any]:
                 "sentences": 100 + 10 * k,
                 "bleu": {"score": score(run, k + 1)},
                 "length_ratio": 1.1 - k * 0.05,
+                "looping_share": 0.05 * k,
             }
             for k, b in enumerate(buckets)
         ],
@@ -47,7 +48,7 @@ def system(run: str, buckets: list[str], concat: bool) -> dict[str, Any]:
         s["concat"] = [
             {
                 "n_verses": n,
-                "concat": {"bleu": {"score": score(run, n)}, "looping_share": n / 20},
+                "concat": {"bleu": {"score": score(run, n)}, "looping_share": n / 20, "length_ratio": 1 - n / 20},
                 "one_by_one": {"bleu": {"score": score(run, 1)}},
             }
             for n in (2, 4, 8)

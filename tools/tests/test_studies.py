@@ -8,6 +8,7 @@ import ast
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import study_fixture as fx
@@ -77,6 +78,22 @@ def test_full_size_page_sets_each_finding_beside_the_small_one(study: Path) -> N
     assert "(p = 0.400): **did not hold** (no significant difference)" in changed[0]
     assert "4. **Sinusoidal" not in page and "5. **LSTM" not in page
     assert "6. **GRU positions beat the Transformer" in page
+    # Length ratio and looping per bucket and joined group, both sizes: the fixture's 65+ bucket
+    # (ratio 1.1 - 2 x 0.05, looping 2 x 5%) and 8 joined verses (ratio 1 - 8/20, looping 8/20).
+    lengths = page[page.index("## Length and looping beyond the training lengths") :]
+    assert "| Transformer (sinusoidal) | full | 1.10 / 0% | 1.05 / 5% | 1.00 / 10% | 0.90 / 10% |" in lengths
+    assert lengths.count("| 0.60 / 40% |") == 6
+
+
+def test_relabelled_decoding_keeps_everything_but_the_name(tmp_path: Path) -> None:
+    def saved(name: str) -> dict[str, Any]:
+        return {"provenance": {"set": "test"}, "decoded": {"info": {"name": name, "dir": "x"}, "seconds": 1.5}}
+
+    fx.write_json(tmp_path / "decoded.json", saved("rel.short"))
+    out = tmp_path / "sizes" / "rel.short.small.json"
+    argv = ["relabel", str(tmp_path / "decoded.json"), str(out), "rel.short.small"]
+    assert position_study.main(argv) == 0
+    assert json.loads(out.read_text()) == saved("rel.short.small")
 
 
 def test_length_encodings_page(study: Path) -> None:

@@ -412,6 +412,34 @@ def section_sizes(t: Template, ev: Eval, small: Eval, models: list[str]) -> list
     return lines + [""]
 
 
+def length_looping(row: Json | None) -> str:
+    """A bucket's or a joined group's length ratio and looping share, as one cell."""
+    if row is None:
+        return "–"
+    return f"{row['length_ratio']:.2f} / {100 * row['looping_share']:.0f}%"
+
+
+def section_lengths(t: Template, ev: Eval, small: Eval, models: list[str]) -> list[str]:
+    """Beyond the training lengths a model can fail by stopping early (length ratio well
+    under 1) or by repeating itself (looping): both, per bucket and per joined group, at both
+    sizes."""
+    buckets = ev.buckets()
+    lines = t.lines("lengths-intro") + [
+        "",
+        "| model | size | " + " | ".join(buckets) + " | 2 verses | 4 verses | 8 verses |",
+        "| --- | --- | " + " | ".join("---:" for _ in buckets) + " | ---: | ---: | ---: |",
+    ]
+    for m in models:
+        run = f"{m}.short"
+        for size, e in (("-small", small), ("full", ev)):
+            if run not in e.systems:
+                continue
+            cells = [length_looping(e.row(run, b)) for b in buckets]
+            cells += [length_looping((e.concat(run, n) or {}).get("concat")) for n in (2, 4, 8)]
+            lines.append(f"| {name(m)} | {size} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def finding_lstm(t: Template, ev: Eval, t_out: float | None, r_out: float | None, where: dict[str, object]) -> str:
     """Finding 5: LSTM positions between absolute and relative."""
     last = str(where["last"])
@@ -576,6 +604,10 @@ def report(args: argparse.Namespace) -> None:
             lines += t.lines("short-plot", path=rel, cap=args.cap) + [""]
     if ev_short and args.beside and (small := Eval.at(args.beside)) is not None:
         lines += section_sizes(t, ev_short, small, args.models)
+        rel = copy_plot(study, "eval-short-sizes", doc, "bleu-by-length-sizes")
+        if rel:
+            lines += t.lines("sizes-plot", path=rel, cap=args.cap) + [""]
+        lines += section_lengths(t, ev_short, small, args.models)
     lines += section_thirds(t, study, args.thirds_models, t1, t2)
     lines += findings(t, ev_all, ev_short, study, args.cap)
     lines += t.lines("training-intro") + [
@@ -771,6 +803,15 @@ def terciles(args: argparse.Namespace) -> None:
     print(lengths[n // 3], lengths[2 * n // 3])
 
 
+def relabel(args: argparse.Namespace) -> None:
+    """A saved decoding (nmt-eval's decoded.json) under another name: nmt-eval names each
+    curve and hypotheses folder after its package, and the same run at two sizes shares one."""
+    saved = load(args.decoded)
+    saved["decoded"]["info"]["name"] = args.name
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(saved), encoding="utf-8")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python3 -m {MODULE}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -779,6 +820,10 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("terciles", help="source-length terciles of a file")
     t.add_argument("tokenizer")
     t.add_argument("source")
+    r = sub.add_parser("relabel", help="a saved decoding (decoded.json) under another package name")
+    r.add_argument("decoded", type=Path)
+    r.add_argument("out", type=Path)
+    r.add_argument("name")
     g = sub.add_parser("import-gpu", help="keep a run trained on a GPU as the study keeps its own")
     g.add_argument("--parts", type=Path, required=True, help="the folder scripts/gpu-train-jobs.sh filled")
     g.add_argument("--name", required=True, help="the run's name there (its files' prefix)")
@@ -825,6 +870,8 @@ def main(argv: list[str] | None = None) -> int:
         terciles(args)
     elif args.command == "import-gpu":
         import_gpu(args)
+    elif args.command == "relabel":
+        relabel(args)
     elif args.command == "length-encodings":
         length_encodings(args)
     else:

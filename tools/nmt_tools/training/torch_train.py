@@ -485,12 +485,15 @@ def split(args: argparse.Namespace) -> None:
 
 
 def join(args: argparse.Namespace) -> None:
-    """The inverse of `split`: one float32 nmt-train checkpoint from the parts."""
-    from safetensors.torch import load_file, save_file
+    """The inverse of `split`: one float32 nmt-train checkpoint from the parts. Through numpy, not
+    torch, so that the machine that imports a lease's runs needs no torch (the parts are float16
+    or float32; numpy has no bfloat16, which `split` never writes)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
 
     tensors: dict[str, Any] = {}
     for part in sorted(args.parts.glob(f"{args.prefix}weights-*.safetensors")):
-        tensors.update({k: v.float() for k, v in load_file(str(part)).items()})
+        tensors.update({k: v.astype(np.float32) for k, v in load_file(str(part)).items()})
     if not tensors:
         raise SystemExit(f"{MODULE}: no {args.prefix}weights-*.safetensors in {args.parts}")
     args.out.mkdir(parents=True, exist_ok=True)
