@@ -139,7 +139,7 @@ def test_a_template_over_another_replaces_only_its_own_blocks() -> None:
     # The second budget's file only replaces blocks the first budget's page has.
     full = Template.load(fx.REPO / position_study.TEMPLATES / "position-study-full.template.md")
     budget2 = Template.load(fx.REPO / position_study.TEMPLATES / "position-study-full-dropout3.template.md")
-    assert set(budget2.blocks) == {"intro", "training-outro"} <= set(full.blocks)
+    assert set(budget2.blocks) == {"intro", "lengths-intro", "training-outro"} <= set(full.blocks)
 
 
 def test_repository_templates_have_every_block_the_code_uses() -> None:
