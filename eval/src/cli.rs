@@ -150,6 +150,12 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub intra_op_threads: usize,
 
+    /// Batches decoded at once, each by a worker of its own (as `nmt-translate --workers`):
+    /// the scores are the same whatever the number; the report's sentences/s are of all the
+    /// workers together.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub workers: usize,
+
     /// ONNX Runtime shared library (libonnxruntime.so); `source scripts/env.sh` sets it.
     #[arg(long, env = "ORT_DYLIB_PATH")]
     pub ort_dylib_path: Option<PathBuf>,

@@ -523,6 +523,7 @@ pub fn run(args: &Args) -> Result<()> {
         beyond_input_limit: args.beyond_input_limit,
         limits: args.decoding.limits()?,
         placeholder_masking: !args.decoding.no_placeholder_masking,
+        workers: args.workers,
     };
     let mut labels: Vec<String> = Vec::new();
     let mut decoded = Vec::new();

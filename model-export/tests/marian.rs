@@ -178,6 +178,7 @@ fn check_dir(name: &str, hf_dir: &Path) {
         beyond_input_limit: false,
         limits: RequestLimits::default(),
         placeholder_masking: true,
+        workers: 1,
     };
     let mut engine = Engine::load(&package, &options).unwrap_or_else(|e| panic!("{e:#}"));
     let texts: Vec<String> = reference.cases.iter().map(|c| c.text.clone()).collect();

@@ -68,6 +68,10 @@ enum Side {
         /// ONNX Runtime intra-op threads.
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Batches decoded at once, each by a worker of its own (CTranslate2's
+        /// `inter_threads`).
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
         /// ONNX Runtime shared library.
         #[arg(long, env = "ORT_DYLIB_PATH")]
         ort_dylib_path: Option<PathBuf>,
@@ -136,6 +140,7 @@ fn run(args: Args) -> Result<()> {
             package,
             batch_size,
             threads,
+            workers,
             ort_dylib_path,
         } => {
             let options = EngineOptions {
@@ -145,6 +150,7 @@ fn run(args: Args) -> Result<()> {
                 beyond_input_limit: false,
                 limits: RequestLimits::default(),
                 placeholder_masking: true,
+                workers,
             };
             let mut engine = Engine::load(&package, &options)
                 .with_context(|| format!("loading {}", package.display()))?;

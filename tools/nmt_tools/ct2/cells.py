@@ -42,18 +42,24 @@ def ct2_cells(args: argparse.Namespace, precision: str, mode: str, package: str)
 
 def engine_cells(args: argparse.Namespace, precision: str, mode: str, package: str) -> list[Cell]:
     batch = 1 if mode == "one" else args.batch_size
+    layouts = [(1, t) for t in (args.our_threads_one if mode == "one" else args.our_threads)]
+    if mode == "batch":
+        # The engine's counterpart of CTranslate2's inter_threads on sorted batches: workers
+        # each decoding the next batch (`nmt-translate --workers`), as many as the server's.
+        layouts += [(w, 1) for w in args.server_workers if w > 1]
     return [
         {
-            "id": f"engine-{precision}-{mode}-t{t}",
+            "id": f"engine-{precision}-{mode}-t{t}" + (f"-w{workers}" if workers > 1 else ""),
             "system": ENGINE,
             "precision": precision,
             "mode": mode,
-            "threads": f"intra-op {t}",
+            "threads": f"intra-op {t}" if workers == 1 else f"{workers} workers x intra-op {t}",
             "batch_size": batch,
             "intra_threads": t,
+            "workers": workers,
             "package": package,
         }
-        for t in (args.our_threads_one if mode == "one" else args.our_threads)
+        for workers, t in layouts
     ]
 
 
@@ -160,5 +166,6 @@ def worker_command(cell: Cell, args: argparse.Namespace, ct2_model: Path, limits
         "--package", cell["package"],
         "--batch-size", str(cell["batch_size"]),
         "--threads", str(cell["intra_threads"]),
+        "--workers", str(cell.get("workers", 1)),
     ]
     # fmt: on

@@ -105,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
     add(
         "--server-workers",
         default="2",
-        help="nmt-server --model-workers of extra 64-client cells, each worker with one intra-op thread",
+        help="workers of extra cells, each with one intra-op thread: nmt-server --model-workers under 64 "
+        "clients, and the engine's --workers on sorted batches (CTranslate2's inter_threads)",
     )
     add("--only", help="comma-separated substrings: run only cells whose id has one")
     add(
