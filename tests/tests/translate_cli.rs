@@ -50,8 +50,8 @@ async fn translates_a_file_as_the_server_does() {
     )
     .await;
 
-    // A file with an empty line in the middle and a batch smaller than the file, written to
-    // --output: one line out per line in, the empty one empty.
+    // A file with an empty line in the middle and batches smaller than the file, shared out
+    // to two workers, written to --output: one line out per line in, the empty one empty.
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.txt");
     let mut text = VERSES[..3].join("\n");
@@ -65,6 +65,8 @@ async fn translates_a_file_as_the_server_does() {
             "--output",
             out.to_str().unwrap(),
             "--batch-size",
+            "2",
+            "--workers",
             "2",
         ],
         "",
