@@ -5,7 +5,7 @@
 #
 #   .lease/   the CUDA provider cut to the GPU's architecture (nmt_tools.device.cuda_pack: 52 MB
 #             as xz instead of 186) and, with JOBS, a gpu-train-jobs.sh file and its data
-#   .leaseb/  ONNX Runtime's other two libraries and the stripped binaries (15 MB as xz),
+#   .leaseb/  ONNX Runtime's other two libraries and the stripped binaries (18 MB as xz),
 #             PACKAGE and PACKAGE_INT8 (tar.xz), the test books and a font for nmt-eval's plots
 #
 # Then, with models/ and docs/experiments/ moved out of the checkout (the tracked tree is
@@ -35,7 +35,7 @@ capi=$work/wheel/onnxruntime/capi
 python3 -m nmt_tools.device.cuda_pack --library "$capi/libonnxruntime_providers_cuda.so" --arch "$ARCH" \
     --out .lease/libonnxruntime_providers_cuda.so.xz
 cp "$capi/libonnxruntime.so.$ORT_VERSION" "$capi/libonnxruntime_providers_shared.so" "$work/pack/ort/"
-for b in nmt-server nmt-eval nmt-bench-worker; do strip -o "$work/pack/bin/$b" "target/release/$b"; done
+for b in nmt-server nmt-eval nmt-bench-worker nmt-translate; do strip -o "$work/pack/bin/$b" "target/release/$b"; done
 tar -C "$work/pack" -cf - bin ort | xz -6 -T2 > .leaseb/pack.tar.xz
 tar -C "$(dirname "$PACKAGE")" -cf - "$(basename "$PACKAGE")" | xz -6 -T2 > .leaseb/package.tar.xz
 if [ -n "$PACKAGE_INT8" ]; then

@@ -58,6 +58,7 @@ def test_every_tool_is_found() -> None:
         "nmt_tools.ct2.worker",
         "nmt_tools.decoding.step_floor",
         "nmt_tools.device.cuda_pack",
+        "nmt_tools.device.ort_profile",
         "nmt_tools.eval.catalogs",
         "nmt_tools.eval.evaluate",
         "nmt_tools.eval.probes",
