@@ -9,19 +9,24 @@ LIMIT=${LIMIT:-550}
 results=/tmp/lease/results
 rm -rf "$results" && mkdir -p "$results/cuda" /tmp/lease/pack
 exec > >(tee "$results/cuda/lease.log") 2>&1
-python3 - <<'PY'
+# Unpacked with Python's tarfile (the GPU image may lack xz); it prints the packages' folders.
+eval "$(python3 - <<'PY'
 import os, tarfile
-tarfile.open(".leaseb/pack.tar.xz").extractall("/tmp/lease/pack")
-tarfile.open(".leaseb/package.tar.xz").extractall("models")
-if os.path.exists(".leaseb/package-int8.tar.xz"):
-    os.makedirs("runs", exist_ok=True)
-    tarfile.open(".leaseb/package-int8.tar.xz").extractall("runs")
+
+def unpack(archive: str, into: str) -> str:
+    with tarfile.open(archive) as t:
+        # The "data" filter where this Python has it (3.12 and the later 3.11 releases).
+        t.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        return os.path.join(into, t.getnames()[0].split("/")[0])
+
+unpack(".leaseb/pack.tar.xz", "/tmp/lease/pack")
+print(f"package={unpack('.leaseb/package.tar.xz', 'models')}")
+int8 = ".leaseb/package-int8.tar.xz"
+print(f"int8={unpack(int8, 'runs') if os.path.exists(int8) else ''}")
 PY
+)"
 mkdir -p data/corpus && cp .leaseb/corpus/* data/corpus/
 cp /tmp/lease/libonnxruntime_providers_cuda.so /tmp/lease/pack/ort/
-package=models/$(tar -tJf .leaseb/package.tar.xz | head -n 1 | cut -d/ -f1)
-int8=
-[ -f .leaseb/package-int8.tar.xz ] && int8=runs/$(tar -tJf .leaseb/package-int8.tar.xz | head -n 1 | cut -d/ -f1)
 check() { PACK=/tmp/lease/pack OUT=$results PACKAGE=$package FONT=.leaseb/DejaVuSans.ttf bash scripts/cuda-check.sh; }
 STEPS=eval PACKAGE_INT8=$int8 check
 if [ -f /tmp/lease/train.log ]; then
