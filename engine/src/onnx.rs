@@ -177,12 +177,12 @@ pub(crate) struct OpenedSession {
     pub int8_kernels: usize,
 }
 
-/// Opens the graph at `path` with the options applied (every session of the engine).
 /// The environment variable that turns ONNX Runtime's profiling on for every session opened
 /// (its value: the files' path prefix). For measuring, not serving: each node run is
 /// recorded, and the file grows by about 650 bytes a node run.
 pub const PROFILE_VARIABLE: &str = "NMT_ORT_PROFILE";
 
+/// Opens the graph at `path` with the options applied (every session of the engine).
 pub(crate) fn open_session(
     env: &Environment,
     options: &SessionOptions,

@@ -146,8 +146,9 @@ fn load_model(
         "model loaded"
     );
     if manifest.precision == model_package::Precision::Int8 && execution_provider == "CUDA" {
-        // Measured on an H100 (docs/benchmarks/cuda.md, session 29): the int8 package's test
-        // books at 8 sentences/s against its float32 twin's 54 on the same GPU.
+        // Measured on an H100 (docs/benchmarks/cuda.md, session 29): nmt-eval over the test
+        // books at 8 sentences/s for the int8 package against 54 for its float32 twin, both
+        // while trainings shared the GPU.
         tracing::warn!(
             model = %manifest.name,
             "an int8 package on CUDA runs several times slower than its float32 twin there: \

@@ -116,7 +116,7 @@ struct Args {
     threads: u64,
 
     /// Batches decoded at once, each by a worker of its own (CTranslate2's `inter_threads`):
-    /// as many as cores translates a long file fastest (1.8x on 2 cores, with `--threads 1`).
+    /// as many as cores translates a long file fastest (1.7-1.8x on 2 cores, with `--threads 1`).
     /// The translations are the same whatever the number.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
     workers: u64,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,11 +76,9 @@ def main() -> None:
     parser.add_argument("profiles", type=Path, nargs="+", help="ONNX Runtime profile JSON files")
     parser.add_argument("--top", type=int, default=15, help="operators listed per profile, by time")
     args = parser.parse_args()
-    by_file: dict[str, Summary] = defaultdict(Summary)
     for path in args.profiles:
-        by_file[path.name] = summarize(json.loads(path.read_text(encoding="utf-8")))
-    for name, summary in by_file.items():
-        print("\n".join(report(name, summary, args.top)))
+        summary = summarize(json.loads(path.read_text(encoding="utf-8")))
+        print("\n".join(report(path.name, summary, args.top)))
 
 
 if __name__ == "__main__":
