@@ -31,6 +31,60 @@ pub const MAX_EXACT_PLANS: usize = crate::pipeline::EXACT_PLAN_OFFSETS.len();
 /// `--request-timeout`'s default, in seconds.
 pub const DEFAULT_REQUEST_TIMEOUT_SECONDS: f64 = 30.0;
 
+/// Most texts a model worker decodes together (nmt-server's `--max-batch-size`,
+/// `nmt-translate --batch-size`): `auto`, by the package's precision ([`BatchRows::rows`]),
+/// or a number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BatchRows {
+    #[default]
+    Auto,
+    Most(usize),
+}
+
+impl BatchRows {
+    /// The most texts of a batch. `auto`: 32 for float32 weights, 8 for int8. A step reads
+    /// every row's source keys and values and cache (about 6 KB a position for the shipped
+    /// shape) beside the weights; float32 weights (25 MB for the shipped shape) come from
+    /// memory every step whatever the batch, so more rows share that read, while int8 weights
+    /// (6 MB) stay in the cache as long as the rows' keys and values leave room: at 32 rows
+    /// they do not, and attention waits on memory. Measured on a 2-core AMD EPYC (Zen 5, 32 MB
+    /// L3 shared with other guests), target subwords/s (docs/benchmarks/ctranslate2-gap.md,
+    /// "Session 30"): int8 engine, one core, sorted batches of 8 / 16 / 32: 14,628 / 13,151
+    /// / 9,928; nmt-server, 64 clients, two workers, at most 8 / 16 / 32 rows each: 20,238 /
+    /// 17,405 / 15,593; float32 server 7,164 / 8,064 / 7,889 at 16 / 32 / 48.
+    pub fn rows(self, precision: model_package::Precision) -> usize {
+        match (self, precision) {
+            (BatchRows::Most(rows), _) => rows,
+            (BatchRows::Auto, model_package::Precision::Float32) => 32,
+            (BatchRows::Auto, model_package::Precision::Int8) => 8,
+        }
+    }
+}
+
+impl std::str::FromStr for BatchRows {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let expected = "`auto` or a number of texts from 1 to 4096";
+        match s.trim() {
+            "auto" => Ok(BatchRows::Auto),
+            number => match number.parse::<usize>() {
+                Ok(rows @ 1..=4096) => Ok(BatchRows::Most(rows)),
+                _ => Err(format!("{s:?}: expected {expected}")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for BatchRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchRows::Auto => f.write_str("auto"),
+            BatchRows::Most(rows) => write!(f, "{rows}"),
+        }
+    }
+}
+
 /// Limits every request is checked against.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestLimits {
@@ -262,6 +316,23 @@ pub fn model_input_limit(manifest: &model_package::Manifest) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_rows_are_auto_or_a_number_and_auto_goes_by_precision() {
+        use model_package::Precision;
+        let parse = |s: &str| s.parse::<BatchRows>();
+        assert_eq!(parse("auto"), Ok(BatchRows::Auto));
+        assert_eq!(parse("12"), Ok(BatchRows::Most(12)));
+        for bad in ["0", "-1", "4097", "eight", ""] {
+            assert!(parse(bad).unwrap_err().contains("expected `auto`"), "{bad}");
+        }
+        assert_eq!(BatchRows::Auto.rows(Precision::Float32), 32);
+        assert_eq!(BatchRows::Auto.rows(Precision::Int8), 8);
+        assert_eq!(BatchRows::Most(3).rows(Precision::Int8), 3);
+        for rows in [BatchRows::Auto, BatchRows::Most(5)] {
+            assert_eq!(parse(&rows.to_string()), Ok(rows));
+        }
+    }
 
     #[cfg(feature = "clap")]
     #[test]

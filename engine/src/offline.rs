@@ -28,6 +28,9 @@ pub struct PackageInfo {
     #[serde(default)]
     pub source_language: String,
     pub execution_provider: String,
+    /// The weights' precision, which `auto` batch sizes go by ([`crate::limits::BatchRows`]).
+    #[serde(default)]
+    pub precision: model_package::Precision,
     /// Longest input decoded, in subwords (EOS not counted).
     pub input_limit: usize,
     pub max_output_tokens: usize,
@@ -105,6 +108,7 @@ impl Engine {
             preset: manifest.config.preset.clone(),
             source_language: manifest.source_language.clone(),
             execution_provider: backends[0].execution_provider().to_string(),
+            precision: manifest.precision,
             input_limit: pipeline.input_limit().0,
             max_output_tokens: pipeline.max_output(),
         };

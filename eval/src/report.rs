@@ -576,6 +576,7 @@ mod tests {
                 preset: "transformer".into(),
                 source_language: "en".into(),
                 execution_provider: "CPU".into(),
+                precision: Default::default(),
                 input_limit: 127,
                 max_output_tokens: 256,
             },

@@ -84,11 +84,15 @@ pub struct Args {
     #[arg(long, env = "NMT_BATCHING", value_enum, default_value_t = Batching::Continuous)]
     pub batching: Batching,
 
-    /// Most texts decoded together in the running batch. On a 2-core CPU, 32 gave the most
-    /// target tokens/s at 64 clients (2739, against 2654 with 16 and 1610 with 64: a large
-    /// batch pads every row's cache to its longest-lived row; docs/benchmarks/batching.md).
-    #[arg(long, env = "NMT_MAX_BATCH_SIZE", default_value_t = 32)]
-    pub max_batch_size: usize,
+    /// Most texts decoded together in a worker's running batch (1 to 4096), or `auto`: 32
+    /// for a package with float32 weights, 8 for int8. A step reads every row's keys and
+    /// values beside the weights: float32 weights come from memory every step, and more rows
+    /// share that read; int8 weights stay in the CPU's cache while the rows leave room. On a
+    /// 2-core AMD EPYC at 64 clients with two workers, int8 made 20,238 target subwords/s at 8
+    /// rows against 15,593 at 32 (and a third less memory), float32 8,064 at 32 against 7,164
+    /// at 16 (docs/benchmarks/ctranslate2-gap.md, "Session 30").
+    #[arg(long, env = "NMT_MAX_BATCH_SIZE", default_value = "auto")]
+    pub max_batch_size: limits::BatchRows,
 
     /// Most tokens in the running batch, counting each text's source and output budget: bounds
     /// the memory of the caches.

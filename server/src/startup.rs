@@ -57,24 +57,17 @@ pub fn load(args: &Args) -> anyhow::Result<Infer> {
     let metrics = Arc::new(Metrics::new());
     let limits = args.request_limits()?;
     let request_timeout = limits.request_timeout;
-    let scheduler = SchedulerConfig {
-        batching: args.batching,
-        max_batch_size: args.max_batch_size.max(1),
-        max_batch_tokens: args.max_batch_tokens.max(1),
-        max_queued_requests: args.max_queued_requests.max(1),
-        max_queue_wait: args.max_queue_wait()?,
-        request_timeout,
-    };
-    if scheduler.max_queue_wait >= request_timeout {
+    let max_queue_wait = args.max_queue_wait()?;
+    if max_queue_wait >= request_timeout {
         tracing::warn!(
-            max_queue_wait = scheduler.max_queue_wait.as_secs_f64(),
+            max_queue_wait = max_queue_wait.as_secs_f64(),
             request_timeout = request_timeout.as_secs_f64(),
             "--max-queue-wait is not below --request-timeout: accepted requests may time out"
         );
     }
     let mut models: Vec<Model> = Vec::new();
     for dir in &args.model_dir {
-        let model = load_model(&env, dir, args, &limits, &scheduler, &metrics)?;
+        let model = load_model(&env, dir, args, &limits, &metrics)?;
         if models.iter().any(|m| m.name() == model.name()) {
             anyhow::bail!(
                 "two model packages are named `{}` (the second in {}); names must be unique",
@@ -100,11 +93,18 @@ fn load_model(
     dir: &std::path::Path,
     args: &Args,
     limits: &RequestLimits,
-    scheduler: &SchedulerConfig,
     metrics: &Metrics,
 ) -> anyhow::Result<Model> {
     let package = ModelPackage::load(dir)?;
     let manifest = &package.manifest;
+    let scheduler = SchedulerConfig {
+        batching: args.batching,
+        max_batch_size: args.max_batch_size.rows(manifest.precision),
+        max_batch_tokens: args.max_batch_tokens.max(1),
+        max_queued_requests: args.max_queued_requests.max(1),
+        max_queue_wait: args.max_queue_wait()?,
+        request_timeout: limits.request_timeout,
+    };
     let options = SessionOptions {
         intra_op_threads: args.intra_op_threads,
         device: args.device,

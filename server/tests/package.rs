@@ -501,7 +501,7 @@ async fn a_request_the_door_refuses_is_refused_before_its_length_is_predicted() 
     // every other is refused. The refusal must not wait for the predictor (held here by the
     // test): under overload, predictions for requests refused anyway took the model's CPU.
     let infer = own_state(|args| {
-        args.max_batch_size = 1;
+        args.max_batch_size = nmt_engine::limits::BatchRows::Most(1);
         args.max_queue_wait = Some(0.001);
     });
     let model = infer.models().next().unwrap();

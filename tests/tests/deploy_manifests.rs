@@ -174,21 +174,22 @@ async fn the_memory_limit_covers_the_worst_case_at_the_pods_flags() {
             (v["name"].as_str().unwrap().to_string(), value)
         })
         .collect();
-    let setting = |name: &str, flag: &str| -> usize {
+    let setting = |name: &str, flag: &str| -> String {
         let value = env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
-        value
-            .unwrap_or_else(|| server_default(flag))
-            .parse()
-            .unwrap()
+        value.unwrap_or_else(|| server_default(flag))
     };
-    let shape = ServingShape {
-        max_input_tokens: setting("NMT_MAX_INPUT_TOKENS", "max-input-tokens"),
-        max_output_tokens: setting("NMT_MAX_OUTPUT_TOKENS", "max-output-tokens"),
-        max_batch_size: setting("NMT_MAX_BATCH_SIZE", "max-batch-size"),
-        workers: setting("NMT_MODEL_WORKERS", "model-workers"),
-    };
+    let number = |name: &str, flag: &str| -> usize { setting(name, flag).parse().unwrap() };
     let package = common::shipped_package();
     let manifest = model_package::Manifest::load(&package).unwrap();
+    let batch_rows: nmt_engine::limits::BatchRows = setting("NMT_MAX_BATCH_SIZE", "max-batch-size")
+        .parse()
+        .unwrap();
+    let shape = ServingShape {
+        max_input_tokens: number("NMT_MAX_INPUT_TOKENS", "max-input-tokens"),
+        max_output_tokens: number("NMT_MAX_OUTPUT_TOKENS", "max-output-tokens"),
+        max_batch_size: batch_rows.rows(manifest.precision),
+        workers: number("NMT_MODEL_WORKERS", "model-workers"),
+    };
     let bound = MemoryBound::new(&manifest, shape);
 
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();

@@ -36,12 +36,45 @@ def test_cells_of_a_run() -> None:
         "ct2-float32-concurrent-inter2-intra1",
     ]
     assert "server-int8-concurrent-t1-w2" in ids and len(ids) == len(set(ids))
-    # CTranslate2's batching on both cores: two replicas, each decoding a batch.
-    assert "ct2-int8-batch-inter2-intra1" in ids
+    # CTranslate2's batching on both cores: two replicas, each decoding a batch, at each size.
+    assert {"ct2-int8-batch-inter2-intra1-b8", "ct2-int8-batch-inter2-intra1-b32"} <= set(ids)
     assert args.ct2_omp_wait_policy == "", "CTranslate2 runs with libgomp's own wait policy"
     # Without an int8 package, CTranslate2 still runs int8 (its own quantization).
     only_f32 = [c["id"] for c in cells.cells_for(args, {"float32": "/p/f32"})]
-    assert "ct2-int8-batch-inter1-intra1" in only_f32 and not any(i.startswith("engine-int8") for i in only_f32)
+    assert "ct2-int8-batch-inter1-intra1-b16" in only_f32 and not any(i.startswith("engine-int8") for i in only_f32)
+
+
+def test_each_batch_size_is_a_cell_on_both_sides_and_the_goal_takes_ct2s_best() -> None:
+    args = compare_args("--ct2-threads", "1", "--our-threads", "1", "--batch-size", "8,32", "--only", "batch")
+    planned = [c for c in cells.cells_for(args, {"float32": "/p/f32", "int8": "/p/i8"}) if c["mode"] == "batch"]
+    by_id = {c["id"]: c for c in planned}
+    for size in (8, 32):
+        ct2 = by_id[f"ct2-int8-batch-inter2-intra1-b{size}"]
+        assert ct2["batch_size"] == size and ct2["threads"] == f"inter 2 x intra 1, batches of {size}"
+        command = cells.worker_command(ct2, args, Path("/w/m"), LIMITS)
+        assert command[command.index("--batch-size") + 1] == str(size)
+        engine = cells.worker_command(by_id[f"engine-int8-batch-t1-b{size}"], args, Path("/w/m"), LIMITS)
+        assert engine[engine.index("--batch-size") + 1] == str(size)
+    # One size: the ids and rows of the runs before the sweep.
+    one = compare_args("--batch-size", "32")
+    assert "ct2-int8-batch-inter2-intra1" in [c["id"] for c in cells.cells_for(one, {"float32": "/p/f32"})]
+
+    run = {
+        "cells": [
+            cell("ct2-batch-b8", cells.CT2, "int8", "batch", 6000, 150),
+            cell("ct2-batch-b32", cells.CT2, "int8", "batch", 5000, 120),
+            cell("server-concurrent", cells.SERVER, "int8", "concurrent", 7500, 180),
+        ],
+        "clients": 64,
+        "batch_sizes": [8, 32],
+    }
+    goal = report.goal_ratios(run)[0]
+    assert goal["ct2_cell"] == "ct2-batch-b8" and goal["ratio"] == pytest.approx(1.25)
+    assert report.mode_title("batch", run) == "sorted batches"
+    assert "batches of 8 and 32 (each size a row of its own)" in "\n".join(report.modes_explained(run | LIMITS_RUN))
+
+
+LIMITS_RUN = {"limits": {"NMT_MAX_LENGTH_RATIO": 2.0, "NMT_MAX_LENGTH_OFFSET": 10}}
 
 
 def test_ct2_workers_get_the_servers_limits() -> None:

@@ -20,7 +20,7 @@ use clap::{Parser, ValueEnum};
 use indicatif::ProgressBar;
 use model_package::Manifest;
 use nmt_engine::length::{LengthMode, LengthRequest, TargetChars, TargetLength};
-use nmt_engine::limits::DecodingArgs;
+use nmt_engine::limits::{BatchRows, DecodingArgs};
 use nmt_engine::onnx::Device;
 use nmt_engine::{Engine, EngineOptions};
 
@@ -106,10 +106,12 @@ struct Args {
     #[arg(long, default_value_t = 42, value_parser = clap::value_parser!(u64).range(8..=1000))]
     max_line_chars: u64,
 
-    /// Lines decoded together. They are sorted by length within a chunk of the input first,
-    /// so a batch wastes little on padding.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
-    batch_size: u64,
+    /// Lines decoded together (1 to 4096), or `auto`: 32 with float32 weights, 8 with int8
+    /// (with int8 weights a step's time goes to reading the rows' keys and values, which stay
+    /// in the CPU's cache in smaller batches: nmt-server's `--max-batch-size`). Lines are
+    /// sorted by length within a chunk of the input first, so a batch wastes little on padding.
+    #[arg(long, default_value = "auto")]
+    batch_size: BatchRows,
 
     /// Threads one ONNX Runtime operator may use.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
@@ -210,10 +212,11 @@ fn run(args: &Args) -> Result<()> {
     let engine = Engine::load(&args.model_dir, &options)
         .with_context(|| format!("loading {}", args.model_dir.display()))?;
     engine.check_length(&request)?;
+    let batch_size = args.batch_size.rows(engine.info.precision);
     let mut translator = Translator {
         engine,
         request,
-        batch_size: args.batch_size as usize,
+        batch_size,
         bar: ProgressBar::hidden(),
         totals: Totals::default(),
         quiet: args.quiet,

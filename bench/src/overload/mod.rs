@@ -16,11 +16,11 @@ pub mod schedule;
 pub mod storm;
 pub mod summary;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use self::report::{Calibration, OverloadReport};
 use self::schedule::{arrival_offsets, Arrivals, Rate};
@@ -30,6 +30,7 @@ use crate::load::{cell_bar, client_runtime, http_client, request_bodies, run_cel
 use crate::report::emit;
 use crate::single_server::{RunHeader, RunNames, ServerSource, SingleServerArgs, StartedServer};
 use crate::stats::CellSummary;
+use nmt_engine::limits::BatchRows;
 
 /// Open-loop overload: offers each of `--rates` to one server (started here, or `--url`) for
 /// `--seconds`, requests sent on schedule however many are outstanding, and reports the
@@ -71,7 +72,8 @@ pub struct OverloadArgs {
     calibrate_seconds: f64,
 
     /// Closed-loop clients whose throughput is the sustainable rate. Default: the server's
-    /// `--max-batch-size` (from the server arguments, else its default 32): one request in
+    /// `--max-batch-size` (from the server arguments, else its default, `auto`, for the
+    /// package's precision): one request in
     /// flight per batch row keeps the batch full, which is where throughput stops growing with
     /// clients (docs/benchmarks/batching.md), while nothing waits beyond it.
     #[arg(long, env = "NMT_BENCH_SATURATION_CLIENTS")]
@@ -145,8 +147,6 @@ pub fn bodies_with(verses: &[String], fields: Option<&RequestFields>) -> Arc<Vec
 
 /// The server's default `--request-timeout`, whose half is its default `--max-queue-wait`.
 const SERVER_REQUEST_TIMEOUT: f64 = 30.0;
-/// The server's default `--max-batch-size`.
-const SERVER_MAX_BATCH_SIZE: usize = 32;
 
 /// The value of `flag` in a server argument list, as `--flag VALUE` or `--flag=VALUE`.
 fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
@@ -212,18 +212,28 @@ fn target_wait(args: &[String], env: &dyn Fn(&str) -> Option<String>) -> Result<
 /// How many closed-loop clients measure the sustainable rate, and why.
 fn saturation_clients(
     given: Option<usize>,
+    model_dir: &Path,
     args: &[String],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(usize, String)> {
     if let Some(n) = given {
         return Ok((n, "--saturation-clients".into()));
     }
-    let rows = match setting(args, "--max-batch-size", env) {
-        Some(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n > 0 => n,
-            _ => bail!("--max-batch-size `{v}` in the server arguments is not a positive number"),
-        },
-        None => SERVER_MAX_BATCH_SIZE,
+    let rows: BatchRows = match setting(args, "--max-batch-size", env) {
+        Some(v) => v
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--max-batch-size in the server arguments: {e}"))?,
+        None => BatchRows::Auto,
+    };
+    let rows = match rows {
+        BatchRows::Most(rows) => rows,
+        // `auto` goes by the precision of the package the bench serves.
+        BatchRows::Auto => {
+            let manifest = model_package::Manifest::load(model_dir).with_context(|| {
+                format!("--max-batch-size auto: reading {}", model_dir.display())
+            })?;
+            rows.rows(manifest.precision)
+        }
     };
     Ok((
         rows,
@@ -248,8 +258,12 @@ fn server_settings(args: &OverloadArgs) -> Result<ServerSettings> {
         Some(w) => (w, "--target-wait".to_string()),
         None => target_wait(&extra, &env)?,
     };
-    let (saturation_clients, saturation_clients_rule) =
-        saturation_clients(args.saturation_clients, &extra, &env)?;
+    let (saturation_clients, saturation_clients_rule) = saturation_clients(
+        args.saturation_clients,
+        &args.common.model_dir,
+        &extra,
+        &env,
+    )?;
     Ok(ServerSettings {
         target_wait_seconds,
         target_wait_source,
@@ -586,15 +600,29 @@ mod tests {
 
     #[test]
     fn saturation_clients_are_the_batch_rows() {
-        assert_eq!(saturation_clients(None, &[], &no_env).unwrap().0, 32);
+        // `auto` with the shipped (float32) package.
+        let shipped = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/en-es-l10n"));
+        assert_eq!(
+            saturation_clients(None, shipped, &[], &no_env).unwrap().0,
+            32
+        );
+        assert!(saturation_clients(None, Path::new("/nowhere"), &[], &no_env).is_err());
         let args = strings(&["--max-batch-size", "16"]);
-        let (n, rule) = saturation_clients(None, &args, &no_env).unwrap();
+        let (n, rule) = saturation_clients(None, shipped, &args, &no_env).unwrap();
         assert_eq!(n, 16);
         assert!(rule.contains("--max-batch-size 16"), "{rule}");
-        assert_eq!(saturation_clients(Some(5), &args, &no_env).unwrap().0, 5);
+        assert_eq!(
+            saturation_clients(Some(5), shipped, &args, &no_env)
+                .unwrap()
+                .0,
+            5
+        );
         let env = |k: &str| (k == "NMT_MAX_BATCH_SIZE").then(|| "8".to_string());
-        assert_eq!(saturation_clients(None, &[], &env).unwrap().0, 8);
-        assert!(saturation_clients(None, &strings(&["--max-batch-size", "0"]), &no_env).is_err());
+        assert_eq!(saturation_clients(None, shipped, &[], &env).unwrap().0, 8);
+        assert!(
+            saturation_clients(None, shipped, &strings(&["--max-batch-size", "0"]), &no_env)
+                .is_err()
+        );
     }
 
     #[test]

@@ -18,6 +18,23 @@ SERVER = "this server (HTTP)"
 REFERENCE = "this engine (no HTTP), shipped model"
 
 
+def batch_sizes(args: argparse.Namespace, mode: str) -> list[int | None]:
+    """The batch sizes of a mode's cells: each of `--batch-size` for sorted batches, none for
+    the modes that take one sentence a call."""
+    return list(args.batch_size) if mode == "batch" else [None]
+
+
+def with_batch(cell: Cell, args: argparse.Namespace, batch: int | None) -> Cell:
+    """A batched cell's size in its id and threads (its row of the tables) when the run
+    measures several sizes; as before when it measures one."""
+    if batch is not None:
+        cell["batch_size"] = batch
+        if len(args.batch_size) > 1:
+            cell["id"] += f"-b{batch}"
+            cell["threads"] += f", batches of {batch}"
+    return cell
+
+
 def ct2_cells(args: argparse.Namespace, precision: str, mode: str, package: str) -> list[Cell]:
     layouts = [(1, t) for t in args.ct2_threads]
     if mode in ("concurrent", "batch") and args.ct2_inter2:
@@ -25,40 +42,49 @@ def ct2_cells(args: argparse.Namespace, precision: str, mode: str, package: str)
         # decoding its own call (a client's sentence, or a batch).
         layouts.append((2, 1))
     return [
-        {
-            "id": f"ct2-{precision}-{mode}-inter{inter}-intra{intra}",
-            "system": CT2,
-            "precision": precision,
-            "mode": mode,
-            "threads": f"intra {intra}" if inter == 1 else f"inter {inter} x intra {intra}",
-            "inter_threads": inter,
-            "intra_threads": intra,
-            "compute_type": precision,
-            "package": package,
-        }
+        with_batch(
+            {
+                "id": f"ct2-{precision}-{mode}-inter{inter}-intra{intra}",
+                "system": CT2,
+                "precision": precision,
+                "mode": mode,
+                "threads": f"intra {intra}" if inter == 1 else f"inter {inter} x intra {intra}",
+                "inter_threads": inter,
+                "intra_threads": intra,
+                "compute_type": precision,
+                "package": package,
+            },
+            args,
+            batch,
+        )
+        for batch in batch_sizes(args, mode)
         for inter, intra in layouts
     ]
 
 
 def engine_cells(args: argparse.Namespace, precision: str, mode: str, package: str) -> list[Cell]:
-    batch = 1 if mode == "one" else args.batch_size
     layouts = [(1, t) for t in (args.our_threads_one if mode == "one" else args.our_threads)]
     if mode == "batch":
         # The engine's counterpart of CTranslate2's inter_threads on sorted batches: workers
         # each decoding the next batch (`nmt-translate --workers`), as many as the server's.
         layouts += [(w, 1) for w in args.server_workers if w > 1]
     return [
-        {
-            "id": f"engine-{precision}-{mode}-t{t}" + (f"-w{workers}" if workers > 1 else ""),
-            "system": ENGINE,
-            "precision": precision,
-            "mode": mode,
-            "threads": f"intra-op {t}" if workers == 1 else f"{workers} workers x intra-op {t}",
-            "batch_size": batch,
-            "intra_threads": t,
-            "workers": workers,
-            "package": package,
-        }
+        with_batch(
+            {
+                "id": f"engine-{precision}-{mode}-t{t}" + (f"-w{workers}" if workers > 1 else ""),
+                "system": ENGINE,
+                "precision": precision,
+                "mode": mode,
+                "threads": f"intra-op {t}" if workers == 1 else f"{workers} workers x intra-op {t}",
+                "batch_size": 1,
+                "intra_threads": t,
+                "workers": workers,
+                "package": package,
+            },
+            args,
+            batch,
+        )
+        for batch in batch_sizes(args, mode)
         for workers, t in layouts
     ]
 
@@ -93,7 +119,7 @@ def reference_cells(args: argparse.Namespace) -> list[Cell]:
             "precision": "float32",
             "mode": mode,
             "threads": "intra-op 1",
-            "batch_size": 1 if mode == "one" else args.batch_size,
+            "batch_size": 1 if mode == "one" else max(args.batch_size),
             "intra_threads": 1,
             "package": args.reference_package,
             "reference": True,
@@ -136,7 +162,7 @@ def worker_command(cell: Cell, args: argparse.Namespace, ct2_model: Path, limits
             "--inter-threads", str(cell["inter_threads"]),
             "--mode", cell["mode"],
             "--clients", str(args.clients),
-            "--batch-size", str(args.batch_size),
+            "--batch-size", str(cell.get("batch_size", 1)),
             "--warmup", str(args.warmup),
         ]
         # fmt: on

@@ -114,8 +114,21 @@ def fmt(s: dict[str, Any] | None) -> str:
     return f"{s['median']:.0f} [{s['min']:.0f}-{s['max']:.0f}]" if s else "-"
 
 
+def batch_sizes(report: Report) -> list[int]:
+    """The run's batch sizes (a run before sizes were swept has one, `batch_size`)."""
+    return report.get("batch_sizes") or [report["batch_size"]]
+
+
+def sizes_text(report: Report) -> str:
+    """`32`, or `8, 16 and 32`."""
+    sizes = [str(b) for b in batch_sizes(report)]
+    return sizes[0] if len(sizes) == 1 else ", ".join(sizes[:-1]) + " and " + sizes[-1]
+
+
 def mode_title(mode: str, report: Report) -> str:
-    return MODE_TITLES[mode].format(clients=report["clients"], batch=report["batch_size"])
+    if mode == "batch" and len(batch_sizes(report)) > 1:
+        return "sorted batches"
+    return MODE_TITLES[mode].format(clients=report["clients"], batch=batch_sizes(report)[0])
 
 
 def header(r: Report) -> list[str]:
@@ -175,8 +188,10 @@ def modes_explained(r: Report) -> list[str]:
         "(CTranslate2 does not batch separate calls: they queue for its `inter_threads` "
         f"replicas); this server with {r['clients']} closed-loop HTTP clients (continuous "
         "batching, its default).",
-        f"- batches of {r['batch_size']}: the whole set sorted longest first and cut into "
-        f"batches of {r['batch_size']}, the same batches on both sides (this engine's own "
+        f"- {mode_title('batch', r)}: the whole set sorted longest first and cut into "
+        f"batches of {sizes_text(r)}"
+        + (" (each size a row of its own)" if len(batch_sizes(r)) > 1 else "")
+        + ", the same batches on both sides (this engine's own "
         "order, as nmt-eval and nmt-translate run it); CTranslate2 decodes a batch up to its "
         "longest budget and each output is cut to its own budget, where this engine stops. "
         "With `inter_threads` 2, two Python threads hand CTranslate2 the batches, so that both "
@@ -263,7 +278,7 @@ def goal_table(r: Report) -> list[str]:
         "The goal's comparison: this server's best layout against CTranslate2's best setting of "
         "the same precision, 1 client against one sentence at a time, "
         f"{r['clients']} clients against CTranslate2's best with many sentences (its "
-        f"{r['clients']} threads or its own batches of {r['batch_size']}, on both cores):",
+        f"{r['clients']} threads or its own batches of {sizes_text(r)}, on both cores):",
         "",
         "| precision | clients | this server | tok/s | CTranslate2 | tok/s | ratio (tok/s) | ratio (sentences/s) |",
         "| --- | --- | --- | ---: | --- | ---: | ---: | ---: |",
