@@ -297,11 +297,11 @@ fn port(outlet: &Outlet) -> Port {
 
 /// Encoder and decoder sessions of one package.
 pub struct OrtBackend {
-    /// The worker's own for int8 weights, shared by the package's workers for float32
-    /// ([`OrtBackend::load_workers`]): a session holds its own copy of the weights, and a
-    /// worker encodes as texts join, about a third of its time at 8 rows (int8), less at 32.
-    /// ONNX Runtime may run one session from several threads, but `ort`'s `run` takes it
-    /// mutably, so workers sharing one take turns.
+    /// Shared by the package's model workers ([`OrtBackend::load_workers`]): a session holds
+    /// its own copy of the weights, and a worker encodes only as requests join (about a
+    /// quarter of its time under 64 clients), so two workers sharing one encoder seldom wait
+    /// for it. ONNX Runtime may run one session from several threads, but `ort`'s `run`
+    /// takes it mutably, so the workers take turns.
     encoder: Arc<Mutex<Session>>,
     decoder: Session,
     layout: Layout,
@@ -348,14 +348,10 @@ impl OrtBackend {
         Ok(backends.remove(0))
     }
 
-    /// The backends of `workers` model workers of one package: a decoder session each (the
-    /// running batch's steps, most of a worker's time), and an encoder session each for int8
-    /// weights, one shared by all for float32. Workers that share an encoder take turns at
-    /// it. Measured under 64 clients with two workers (`docs/benchmarks/ctranslate2-gap.md`,
-    /// "Session 30"): an encoder each made int8 5.4% faster (8 rows a worker, where a join
-    /// and its encoder run come every few steps) for 14 MiB (176 against 162 MiB), float32
-    /// 7.5% faster for 30 MiB (331 against 301), which would take float32 past 1.5 times
-    /// CTranslate2's peak; so float32 workers share one.
+    /// The backends of `workers` model workers of one package: one encoder session shared
+    /// by all, a decoder session each (the running batch's steps, most of a worker's time).
+    /// Two workers under 64 clients peaked at 282-301 MiB against 314-319 with an encoder
+    /// each, at 2-4% less throughput (`docs/benchmarks/ctranslate2-gap.md`).
     pub fn load_workers(
         env: &Environment,
         dir: &Path,
@@ -371,17 +367,10 @@ impl OrtBackend {
         } = open(files::ENCODER, RunPattern::OncePerText)?;
         let ports = |outlets: &[Outlet]| outlets.iter().map(port).collect::<Vec<_>>();
         let (encoder_inputs, encoder_outputs) = (ports(encoder.inputs()), ports(encoder.outputs()));
-        let shared_encoder = Arc::new(Mutex::new(encoder));
-        let encoder_each = manifest.precision == model_package::Precision::Int8;
+        let encoder = Arc::new(Mutex::new(encoder));
         let mut backends = Vec::with_capacity(workers);
         let mut decoder_int8_kernels = 0;
-        for worker in 0..workers.max(1) {
-            let encoder = match encoder_each && worker > 0 {
-                true => Arc::new(Mutex::new(
-                    open(files::ENCODER, RunPattern::OncePerText)?.session,
-                )),
-                false => Arc::clone(&shared_encoder),
-            };
+        for _ in 0..workers.max(1) {
             let OpenedSession {
                 session: decoder,
                 execution_provider,
@@ -398,7 +387,7 @@ impl OrtBackend {
             )
             .with_context(|| format!("model package {}", dir.display()))?;
             backends.push(OrtBackend {
-                encoder,
+                encoder: Arc::clone(&encoder),
                 decoder,
                 layout,
                 pad_id: manifest.pad_id.into(),
@@ -415,10 +404,9 @@ impl OrtBackend {
             // Int8 products on the engine's VNNI kernel (0: float32, or ONNX Runtime's body).
             int8_vnni_products = encoder_int8_kernels + decoder_int8_kernels,
             workers = backends.len(),
-            encoders = if encoder_each { backends.len() } else { 1 },
             memory = ?first.layout.memory,
             states = ?first.layout.states.iter().map(|s| s.spec.name.as_str()).collect::<Vec<_>>(),
-            "opened the encoder(s) and a decoder per worker"
+            "opened the encoder and a decoder per worker"
         );
         Ok(backends)
     }

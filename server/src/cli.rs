@@ -71,9 +71,8 @@ pub struct Args {
     pub intra_op_threads: usize,
 
     /// Model workers per model, each with its own decoder session and its own running batch on
-    /// its own thread (CTranslate2's `inter_threads`, whose replicas share one model); with
-    /// int8 weights each has its own encoder session too, with float32 they take turns at one
-    /// (for memory: docs/serving.md). A request goes whole to the
+    /// its own thread, taking turns at one encoder session (CTranslate2's `inter_threads`,
+    /// whose replicas share one model). A request goes whole to the
     /// worker expected to finish its accepted work first. One worker with one intra-op thread
     /// keeps a core for HTTP and tokenization; under many concurrent clients, as many workers as
     /// cores (times `--intra-op-threads`) use them all (docs/benchmarks/).
