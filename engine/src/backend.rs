@@ -89,6 +89,12 @@ pub trait Backend {
     fn attention_reads(&self) -> AttentionReads {
         AttentionReads::default()
     }
+
+    /// Whether [`Backend::encode`] would wait now for another worker's turn at an encoder
+    /// they share. A worker with rows running steps them instead and lets texts join later.
+    fn encoder_busy(&self) -> bool {
+        false
+    }
 }
 
 /// The largest |difference| between the logits two rows get alone and the logits they get

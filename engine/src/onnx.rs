@@ -728,6 +728,15 @@ impl Backend for OrtBackend {
     fn attention_reads(&self) -> AttentionReads {
         self.attention_reads
     }
+
+    /// Another worker holds the shared encoder (a probe: it may take it the moment after,
+    /// and then `encode` waits as before).
+    fn encoder_busy(&self) -> bool {
+        matches!(
+            self.encoder.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
+    }
 }
 
 #[cfg(test)]

@@ -54,6 +54,8 @@ pub struct CopyBackend {
     /// loop do when the text repeats itself; such a row's cache is then no longer checked
     /// against its source. Off, a row fed anything but its copy fails the step's assertion.
     pub follows_bans: bool,
+    /// What [`Backend::encoder_busy`] says: another worker's turn at a shared encoder.
+    pub encoder_busy: bool,
 }
 
 impl Default for CopyBackend {
@@ -68,6 +70,7 @@ impl Default for CopyBackend {
             step_delay: std::time::Duration::ZERO,
             vocab: VOCAB,
             follows_bans: false,
+            encoder_busy: false,
         }
     }
 }
@@ -196,6 +199,10 @@ impl Backend for CopyBackend {
         rows.ghost.truncate(width);
         rows.off_script.truncate(width);
         Ok(())
+    }
+
+    fn encoder_busy(&self) -> bool {
+        self.encoder_busy
     }
 }
 
