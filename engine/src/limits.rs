@@ -49,8 +49,8 @@ impl BatchRows {
     /// (6 MB) stay in the cache as long as the rows' keys and values leave room: at 32 rows
     /// they do not, and attention waits on memory. Measured on a 2-core AMD EPYC (Zen 5, 32 MB
     /// L3 shared with other guests), target subwords/s (docs/benchmarks/ctranslate2-gap.md,
-    /// "Session 30"): int8 engine, one core, sorted batches of 8 / 16 / 32: 14,628 / 13,151
-    /// / 9,928; nmt-server, 64 clients, two workers, at most 8 / 16 / 32 rows each: 20,238 /
+    /// "Session 30"): int8 engine, one core, sorted batches of 8 / 16 / 32: 14,186 / 12,125
+    /// / 9,254; nmt-server, 64 clients, two workers, at most 8 / 16 / 32 rows each: 20,238 /
     /// 17,405 / 15,593; float32 server 7,164 / 8,064 / 7,889 at 16 / 32 / 48.
     pub fn rows(self, precision: model_package::Precision) -> usize {
         match (self, precision) {

@@ -18,21 +18,20 @@ SERVER = "this server (HTTP)"
 REFERENCE = "this engine (no HTTP), shipped model"
 
 
-def batch_sizes(args: argparse.Namespace, mode: str) -> list[int | None]:
-    """The batch sizes of a mode's cells: each of `--batch-size` for sorted batches, none for
-    the modes that take one sentence a call."""
-    return list(args.batch_size) if mode == "batch" else [None]
-
-
-def with_batch(cell: Cell, args: argparse.Namespace, batch: int | None) -> Cell:
-    """A batched cell's size in its id and threads (its row of the tables) when the run
-    measures several sizes; as before when it measures one."""
-    if batch is not None:
-        cell["batch_size"] = batch
-        if len(args.batch_size) > 1:
-            cell["id"] += f"-b{batch}"
-            cell["threads"] += f", batches of {batch}"
-    return cell
+def per_batch_size(args: argparse.Namespace, mode: str, cells: list[Cell]) -> list[Cell]:
+    """Sorted-batch cells once per `--batch-size`, each with its size, and, when the run
+    measures several sizes, the size in its id and threads (its row of the tables); the
+    other modes' cells as they are."""
+    if mode != "batch":
+        return cells
+    several = len(args.batch_size) > 1
+    return [
+        cell
+        | {"batch_size": batch}
+        | ({"id": f"{cell['id']}-b{batch}", "threads": f"{cell['threads']}, batches of {batch}"} if several else {})
+        for batch in args.batch_size
+        for cell in cells
+    ]
 
 
 def ct2_cells(args: argparse.Namespace, precision: str, mode: str, package: str) -> list[Cell]:
@@ -42,22 +41,17 @@ def ct2_cells(args: argparse.Namespace, precision: str, mode: str, package: str)
         # decoding its own call (a client's sentence, or a batch).
         layouts.append((2, 1))
     return [
-        with_batch(
-            {
-                "id": f"ct2-{precision}-{mode}-inter{inter}-intra{intra}",
-                "system": CT2,
-                "precision": precision,
-                "mode": mode,
-                "threads": f"intra {intra}" if inter == 1 else f"inter {inter} x intra {intra}",
-                "inter_threads": inter,
-                "intra_threads": intra,
-                "compute_type": precision,
-                "package": package,
-            },
-            args,
-            batch,
-        )
-        for batch in batch_sizes(args, mode)
+        {
+            "id": f"ct2-{precision}-{mode}-inter{inter}-intra{intra}",
+            "system": CT2,
+            "precision": precision,
+            "mode": mode,
+            "threads": f"intra {intra}" if inter == 1 else f"inter {inter} x intra {intra}",
+            "inter_threads": inter,
+            "intra_threads": intra,
+            "compute_type": precision,
+            "package": package,
+        }
         for inter, intra in layouts
     ]
 
@@ -69,22 +63,17 @@ def engine_cells(args: argparse.Namespace, precision: str, mode: str, package: s
         # each decoding the next batch (`nmt-translate --workers`), as many as the server's.
         layouts += [(w, 1) for w in args.server_workers if w > 1]
     return [
-        with_batch(
-            {
-                "id": f"engine-{precision}-{mode}-t{t}" + (f"-w{workers}" if workers > 1 else ""),
-                "system": ENGINE,
-                "precision": precision,
-                "mode": mode,
-                "threads": f"intra-op {t}" if workers == 1 else f"{workers} workers x intra-op {t}",
-                "batch_size": 1,
-                "intra_threads": t,
-                "workers": workers,
-                "package": package,
-            },
-            args,
-            batch,
-        )
-        for batch in batch_sizes(args, mode)
+        {
+            "id": f"engine-{precision}-{mode}-t{t}" + (f"-w{workers}" if workers > 1 else ""),
+            "system": ENGINE,
+            "precision": precision,
+            "mode": mode,
+            "threads": f"intra-op {t}" if workers == 1 else f"{workers} workers x intra-op {t}",
+            "batch_size": 1,
+            "intra_threads": t,
+            "workers": workers,
+            "package": package,
+        }
         for workers, t in layouts
     ]
 
@@ -135,11 +124,11 @@ def cells_for(args: argparse.Namespace, packages: dict[str, str]) -> list[Cell]:
     cells = []
     for precision in ("float32", "int8"):
         for mode in ("one", "concurrent", "batch"):
-            cells += ct2_cells(args, precision, mode, packages["float32"])
+            cells += per_batch_size(args, mode, ct2_cells(args, precision, mode, packages["float32"]))
             if precision not in packages:
                 continue
             if mode in ("one", "batch"):
-                cells += engine_cells(args, precision, mode, packages[precision])
+                cells += per_batch_size(args, mode, engine_cells(args, precision, mode, packages[precision]))
             if mode in ("one", "concurrent"):
                 cells += server_cells(args, precision, mode, packages[precision])
     if args.reference_package:
