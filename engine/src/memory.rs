@@ -77,11 +77,17 @@ pub fn pairs(rows: usize, len: usize) -> usize {
     rows.saturating_mul(len.saturating_mul(len))
 }
 
+/// Whether a run over `pairs` (query, key) pairs is one whose memory is handed back when it
+/// ends: its ONNX Runtime arena's free regions, then the C heap's free pages.
+pub fn is_large_run(pairs: usize) -> bool {
+    pairs >= TRIM_FROM_PAIRS
+}
+
 /// After a run over `pairs` (query, key) pairs whose tensors are dropped: gives the C heap's
 /// free pages back to the system, so that the hundreds of MB one long input used do not
 /// stay resident (docs/serving.md, "Memory").
 pub fn after_run(pairs: usize) {
-    if pairs >= TRIM_FROM_PAIRS {
+    if is_large_run(pairs) {
         give_back_free_pages();
     }
 }

@@ -14,7 +14,7 @@ use model_package::{files, names, Manifest};
 use ndarray::{Array2, Ix2};
 use ort::environment::Environment;
 use ort::session::builder::GraphOptimizationLevel;
-use ort::session::{Session, SessionInputValue};
+use ort::session::{RunOptions, Session, SessionInputValue};
 use ort::value::{Outlet, Tensor, TensorRef};
 
 use crate::backend::{AttentionReads, Backend, BackendError};
@@ -158,13 +158,19 @@ pub(crate) enum RunPattern {
     /// but keeping its peak for the life of the session; and, with more than one intra-op
     /// thread, a pool that spins between runs, ready for the next step.
     Steps,
-    /// Run once per text over the whole source (encoder, length predictor): the C allocator,
-    /// run by run, so that the peak a long input needed goes back to the system when it is
-    /// done (docs/serving.md, "Memory"); and a pool that sleeps as soon as a run ends. A
+    /// Run once per text over the whole source (encoder, length predictor): ONNX Runtime's
+    /// arena too, handed back after a run over a long input ([`whole_input_run_options`]),
+    /// so that the peak one long input needed goes back to the system when it is done
+    /// (docs/serving.md, "Memory"); and a pool that sleeps as soon as a run ends. A
     /// spinning encoder pool held the second core against the decoder's: with two intra-op
     /// threads a decoder step at one row took 1,150-1,190 µs, as with one thread, and
     /// 730-760 µs once the encoder's pool stopped spinning (1,149-1,166 target subwords/s
-    /// against 800-819 with one thread; `docs/benchmarks/ctranslate2-gap.md`).
+    /// against 800-819 with one thread; `docs/benchmarks/ctranslate2-gap.md`). The C heap
+    /// instead of the arena (as until session 31) made a server's encoder run of one
+    /// ~40-subword text take 1.3 ms where the arena's takes 1.2, its tensors allocated under
+    /// the one heap lock every thread shares ([`crate::memory::configure_heap`]): int8, two
+    /// workers, 64 clients, 18,789 against 16,034 target subwords/s (medians of 8 interleaved
+    /// passes, ahead in all 8).
     OncePerText,
 }
 
@@ -211,6 +217,21 @@ pub(crate) fn open_session(
     })
 }
 
+/// ONNX Runtime's run option that frees an arena's unused regions when the run ends, for
+/// the devices listed.
+const ARENA_SHRINKAGE: &str = "memory.enable_memory_arena_shrinkage";
+
+/// Options of a [`RunPattern::OncePerText`] run over `pairs` (query, key) pairs: one that
+/// [`crate::memory::is_large_run`] frees its arena's unused regions as it ends, which
+/// [`crate::memory::after_run`] then hands back to the system.
+pub(crate) fn whole_input_run_options(pairs: usize) -> ort::Result<RunOptions> {
+    let mut options = RunOptions::new()?;
+    if crate::memory::is_large_run(pairs) {
+        options.set(ARENA_SHRINKAGE, "cpu:0")?;
+    }
+    Ok(options)
+}
+
 /// A session builder with the options applied, and the execution provider it got; `taken`
 /// counts the fused kernels the session creates.
 fn session_builder(
@@ -233,14 +254,8 @@ fn session_builder(
             .map_err(configure)?;
         match pattern {
             RunPattern::Steps => Ok(builder),
-            // Registering the CPU provider without its arena is how the C API turns it off
-            // (DisableCpuMemArena); the provider itself is always there.
             RunPattern::OncePerText => builder
                 .with_config_entry("session.intra_op.allow_spinning", "0")
-                .map_err(configure)?
-                .with_execution_providers([ort::ep::CPU::default()
-                    .with_arena_allocator(false)
-                    .build()])
                 .map_err(configure),
         }
     };
@@ -446,17 +461,22 @@ impl OrtBackend {
     fn encoder_memory(
         &mut self,
         batch: usize,
+        pairs: usize,
         ids: Tensor<i64>,
         mask: Tensor<f32>,
     ) -> Result<Vec<ndarray::ArrayD<f32>>, BackendError> {
+        let options = whole_input_run_options(pairs).map_err(ort_error("run options"))?;
         let mut encoder = self.encoder.lock().map_err(|_| {
             BackendError::Inference("another worker panicked in the encoder".into())
         })?;
         let outputs = encoder
-            .run(ort::inputs! {
-                names::SOURCE_IDS => ids,
-                names::SOURCE_MASK => mask,
-            })
+            .run_with_options(
+                ort::inputs! {
+                    names::SOURCE_IDS => ids,
+                    names::SOURCE_MASK => mask,
+                },
+                &options,
+            )
             .map_err(ort_error("running the encoder"))?;
         let mut memory = Vec::with_capacity(self.layout.memory.len());
         for name in &self.layout.memory {
@@ -483,8 +503,9 @@ impl OrtBackend {
         let (len, ids, mask) = padded_sources(sources, self.pad_id);
         let ids = Tensor::from_array(([batch, len], ids)).map_err(ort_error("source_ids"))?;
         let mask = Tensor::from_array(([batch, len], mask)).map_err(ort_error("source_mask"))?;
-        let memory = self.encoder_memory(batch, ids, mask);
-        crate::memory::after_run(crate::memory::pairs(batch, len));
+        let pairs = crate::memory::pairs(batch, len);
+        let memory = self.encoder_memory(batch, pairs, ids, mask);
+        crate::memory::after_run(pairs);
         Ok(OrtEncoded {
             memory: memory?,
             rows: batch,

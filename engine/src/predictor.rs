@@ -11,13 +11,15 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, bail, Context};
 use model_package::{manifest::sha256_file, names, LengthPredictorSpec, PredictorGraph};
 use ort::environment::Environment;
-use ort::session::{OutputSelector, RunOptions, Session};
+use ort::session::{OutputSelector, Session};
 use ort::value::Tensor;
 use tokenizers::Tokenizer;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::memory;
-use crate::onnx::{open_session, padded_sources, RunPattern, SessionOptions};
+use crate::onnx::{
+    open_session, padded_sources, whole_input_run_options, RunPattern, SessionOptions,
+};
 
 /// Most requests waiting for a neural predictor (a BERT, a head on the encoder) before more
 /// are refused (429): the queue comes before admission, so it must stay short next to a
@@ -225,10 +227,12 @@ impl LengthPredictor {
             .session
             .lock()
             .map_err(|_| anyhow!("the length predictor session is poisoned"))?;
+        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+        let options = whole_input_run_options(memory::pairs(rows.len(), longest))?;
         let only_lengths;
         let outputs = match self.reads {
             PredictorInput::Text(_) => {
-                let len = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+                let len = longest;
                 let mut ids = vec![0i64; rows.len() * len];
                 let mut mask = vec![0i64; rows.len() * len];
                 for (row, row_ids) in rows.iter().enumerate() {
@@ -236,17 +240,20 @@ impl LengthPredictor {
                     mask[row * len..row * len + row_ids.len()].fill(1);
                 }
                 let shape = [rows.len(), len];
-                session.run(ort::inputs! {
-                    names::PREDICTOR_INPUT_IDS => Tensor::from_array((shape, ids))?,
-                    names::PREDICTOR_ATTENTION_MASK => Tensor::from_array((shape, mask))?,
-                })
+                session.run_with_options(
+                    ort::inputs! {
+                        names::PREDICTOR_INPUT_IDS => Tensor::from_array((shape, ids))?,
+                        names::PREDICTOR_ATTENTION_MASK => Tensor::from_array((shape, mask))?,
+                    },
+                    &options,
+                )
             }
             PredictorInput::EncoderIds { pad_id } => {
                 let (len, ids, mask) = padded_sources(rows, pad_id);
                 let shape = [rows.len(), len];
                 // Only the head's output: for a head on the encoder, the memory projections
                 // are left out of the run.
-                only_lengths = RunOptions::new()?
+                only_lengths = options
                     .with_outputs(OutputSelector::no_default().with(names::PREDICTED_LENGTHS));
                 session.run_with_options(
                     ort::inputs! {
