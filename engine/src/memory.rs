@@ -46,6 +46,20 @@ pub fn pieces(lengths: &[usize], max_pairs: usize) -> Vec<Range<usize>> {
     pieces
 }
 
+/// The C heap's arenas ([`configure_heap`]): one per busy thread of a two-worker server
+/// (model workers, HTTP), each with its own lock. Until session 31 there was one arena for
+/// every thread, because with glibc's default of one per thread what the HTTP threads and the
+/// model workers freed sat in heaps that [`give_back_free_pages`] did not shrink (after a
+/// 512-subword request RSS stayed 7-33% above idle; with three arenas the two workers' server
+/// stayed 20% above idle 10 s after a maximal text, 166 against 138 MiB). That memory was
+/// the encoder's tensors, which now come from ONNX Runtime's arena and go back with it after a
+/// long input (`RunPattern::OncePerText`); with 2 or 4 arenas the server returns to idle after
+/// a maximal text as with one (`tests/tests/memory.rs`, one and two workers). One lock for
+/// every thread's larger allocations cost two int8 workers under 64 clients 14-16% of their
+/// throughput: with 4 arenas 20,762 against 18,271 and 22,809 against 19,680 target subwords/s
+/// (medians of 6 and 8 interleaved passes, ahead in every round), for 6-9 MiB more.
+pub const HEAP_ARENAS: i32 = 4;
+
 /// Sets up the C heap of a serving process; call it first thing in `main`, before any thread
 /// starts.
 ///
@@ -53,22 +67,14 @@ pub fn pieces(lengths: &[usize], max_pairs: usize) -> Vec<Range<usize>> {
 ///   every decoder step allocates its output tensors afresh, and glibc would otherwise map
 ///   and unmap large ones, page-faulting and zeroing them each step (the same change halved
 ///   `nmt-train`'s step).
-/// - One arena for every thread: with glibc's default of one per thread, what the HTTP
-///   threads and the model workers freed sat in heaps that [`give_back_free_pages`] did not
-///   shrink (after a 512-subword request RSS stayed 7-33% above idle; with one arena it
-///   returns to idle). Small allocations still come from per-thread caches, lock-free. The
-///   price, measured with two int8 workers under 64 clients: their larger allocations share
-///   one lock, 5% fewer subwords a second than with an arena each and one for HTTP (medians of
-///   eight passes, 13,340 against 14,210; float32 the same either way); but with three arenas
-///   the two workers' server stayed 20% above idle 10 s after a maximal text (166 against 138
-///   MiB), where one arena gives it back (`tests/tests/memory.rs` runs one and two workers).
+/// - At most [`HEAP_ARENAS`] arenas, where glibc's default is eight per core.
 pub fn configure_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator tuning parameters, before any thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_ARENA_MAX, HEAP_ARENAS);
     }
 }
 

@@ -43,8 +43,9 @@ async fn a_maximal_text_stays_within_its_memory_budget_and_gives_it_back() {
     maximal_text_gives_its_memory_back("1").await;
 }
 
-/// Two workers share the one heap arena (`memory::configure_heap`): what a long text allocated
-/// goes back as with one worker (with an arena per worker it stayed 20% above idle).
+/// Two workers, each likely on a heap arena of its own (`memory::HEAP_ARENAS`): what a long
+/// text allocated goes back as with one worker (before the encoder's tensors came from ONNX
+/// Runtime's arena, an arena per worker stayed 20% above idle).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_workers_a_maximal_text_gives_its_memory_back_too() {
     maximal_text_gives_its_memory_back("2").await;
