@@ -54,10 +54,10 @@ pub fn pieces(lengths: &[usize], max_pairs: usize) -> Vec<Range<usize>> {
 /// stayed 20% above idle 10 s after a maximal text, 166 against 138 MiB). That memory was
 /// the encoder's tensors, which now come from ONNX Runtime's arena and go back with it after a
 /// long input (`RunPattern::OncePerText`); with 2 or 4 arenas the server returns to idle after
-/// a maximal text as with one (`tests/tests/memory.rs`, one and two workers). One lock for
-/// every thread's larger allocations cost two int8 workers under 64 clients 14-16% of their
-/// throughput: with 4 arenas 20,762 against 18,271 and 22,809 against 19,680 target subwords/s
-/// (medians of 6 and 8 interleaved passes, ahead in every round), for 6-9 MiB more.
+/// a maximal text as with one (`tests/tests/memory.rs`, one and two workers). With 4 arenas
+/// instead of one lock for every thread's larger allocations, two int8 workers under 64
+/// clients made 14-16% more: 20,762 against 18,271 and 22,809 against 19,680 target
+/// subwords/s (medians of 6 and 8 interleaved passes, ahead in every round), for 6-9 MiB more.
 pub const HEAP_ARENAS: i32 = 4;
 
 /// Sets up the C heap of a serving process; call it first thing in `main`, before any thread

@@ -168,9 +168,9 @@ pub(crate) enum RunPattern {
     /// against 800-819 with one thread; `docs/benchmarks/ctranslate2-gap.md`). The C heap
     /// instead of the arena (as until session 31) made a server's encoder run of one
     /// ~40-subword text take 1.3 ms where the arena's takes 1.2, its tensors allocated under
-    /// the one heap lock every thread shares ([`crate::memory::configure_heap`]): int8, two
-    /// workers, 64 clients, 18,789 against 16,034 target subwords/s (medians of 8 interleaved
-    /// passes, ahead in all 8).
+    /// the heap's lock, which every thread then shared ([`crate::memory::HEAP_ARENAS`]): int8,
+    /// two workers, 64 clients, 18,789 against 16,034 target subwords/s (medians of 8
+    /// interleaved passes, ahead in all 8).
     OncePerText,
 }
 
@@ -221,9 +221,9 @@ pub(crate) fn open_session(
 /// the devices listed.
 const ARENA_SHRINKAGE: &str = "memory.enable_memory_arena_shrinkage";
 
-/// Options of a [`RunPattern::OncePerText`] run over `pairs` (query, key) pairs: one that
-/// [`crate::memory::is_large_run`] frees its arena's unused regions as it ends, which
-/// [`crate::memory::after_run`] then hands back to the system.
+/// Options of a [`RunPattern::OncePerText`] run over `pairs` (query, key) pairs: a large one
+/// ([`crate::memory::is_large_run`]) frees its arena's unused regions as it ends, and
+/// [`crate::memory::after_run`] then hands them back to the system.
 pub(crate) fn whole_input_run_options(pairs: usize) -> ort::Result<RunOptions> {
     let mut options = RunOptions::new()?;
     if crate::memory::is_large_run(pairs) {

@@ -205,9 +205,10 @@ impl LengthPredictor {
                 .iter()
                 .map(|&i| rows[i].as_slice())
                 .collect();
-            let predicted = self.run(&piece_rows);
             let len = piece_rows.iter().map(|r| r.len()).max().unwrap_or(1);
-            memory::after_run(memory::pairs(piece_rows.len(), len));
+            let pairs = memory::pairs(piece_rows.len(), len);
+            let predicted = self.run(&piece_rows, pairs);
+            memory::after_run(pairs);
             for (&i, &p) in fits[piece].iter().zip(&predicted?) {
                 // Hundredths: padding in a batch moves the float in its last digits, and a
                 // text's prediction (and the length planned from it) should not depend on its
@@ -220,19 +221,18 @@ impl LengthPredictor {
     }
 
     /// One run of the predictor over `rows` of token ids, padded to the longest (the encoder's
-    /// inputs as the encoder pads them): a length per row. Every tensor of the run is dropped
-    /// when this returns.
-    fn run(&self, rows: &[&[i64]]) -> anyhow::Result<Vec<f32>> {
+    /// inputs as the encoder pads them), `pairs` (query, key) pairs of attention: a length per
+    /// row. Every tensor of the run is dropped when this returns.
+    fn run(&self, rows: &[&[i64]], pairs: usize) -> anyhow::Result<Vec<f32>> {
         let mut session = self
             .session
             .lock()
             .map_err(|_| anyhow!("the length predictor session is poisoned"))?;
-        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-        let options = whole_input_run_options(memory::pairs(rows.len(), longest))?;
+        let options = whole_input_run_options(pairs)?;
         let only_lengths;
         let outputs = match self.reads {
             PredictorInput::Text(_) => {
-                let len = longest;
+                let len = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
                 let mut ids = vec![0i64; rows.len() * len];
                 let mut mask = vec![0i64; rows.len() * len];
                 for (row, row_ids) in rows.iter().enumerate() {
