@@ -50,6 +50,11 @@ pub trait Backend {
     /// Runs the encoder on `sources` (token ids, EOS included, no padding).
     fn encode(&mut self, sources: &[&[i64]]) -> Result<Self::Encoded, BackendError>;
 
+    /// The sentences of `encoded`, in order, each one to be placed on its own (a worker
+    /// encodes waiting texts ahead of their turn, several in one run, and places each when it
+    /// gets a row).
+    fn split(&self, encoded: Self::Encoded) -> Vec<Self::Encoded>;
+
     /// Writes the `i`-th sentence of `new` into slot `slots[i]`, ready for its first step
     /// (empty or zero state). A slot is either below the width (a freed one) or at or past
     /// it, in which case the width grows to cover it; the slots between the old width and
@@ -182,6 +187,9 @@ mod tests {
         type Encoded = CopyRows;
         fn encode(&mut self, sources: &[&[i64]]) -> Result<CopyRows, BackendError> {
             self.0.encode(sources)
+        }
+        fn split(&self, encoded: CopyRows) -> Vec<CopyRows> {
+            self.0.split(encoded)
         }
         fn place(
             &mut self,

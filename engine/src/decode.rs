@@ -95,6 +95,33 @@ struct Sequence<T> {
     closed_freely: bool,
 }
 
+/// A sentence joining a [`RunningBatch`], tagged by the caller, with its encoding when it was
+/// encoded ahead of its turn ([`encode_each`]).
+pub struct Joining<T, E> {
+    pub tag: T,
+    pub input: DecodeInput,
+    pub encoded: Option<E>,
+}
+
+/// Encodes `sources` in one run (or in pieces of bounded attention, [`memory::pieces`], which
+/// a caller grouping texts of like length does not reach) and returns each one's encoding, in
+/// order, to be placed on its own ([`RunningBatch::join_with`]). One run for several texts
+/// spares the encoder's fixed cost per run: an int8 encoder run of one 2-subword text took
+/// 0.34 ms, one of a 40-subword text 0.72 ms, and runs of 4 to 8 texts sorted by length 0.59
+/// ms a text (session 32, AMD EPYC Zen 5).
+pub fn encode_each<B: Backend>(
+    backend: &mut B,
+    sources: &[&[i64]],
+) -> Result<Vec<B::Encoded>, BackendError> {
+    let lengths: Vec<usize> = sources.iter().map(|s| s.len()).collect();
+    let mut each = Vec::with_capacity(sources.len());
+    for piece in memory::pieces(&lengths, memory::PAIRS_PER_RUN) {
+        let encoded = backend.encode(&sources[piece])?;
+        each.extend(backend.split(encoded));
+    }
+    Ok(each)
+}
+
 /// A slot of the backend's batch.
 enum Row<T> {
     Live(Sequence<T>),
@@ -160,47 +187,77 @@ impl<B: Backend, T> RunningBatch<B, T> {
         backend: &mut B,
         inputs: Vec<(T, DecodeInput)>,
     ) -> Result<Vec<(T, DecodeOutput)>, BackendError> {
-        let (mut joining, empty): (Vec<_>, Vec<_>) = inputs
+        let inputs = inputs.into_iter().map(|(tag, input)| Joining {
+            tag,
+            input,
+            encoded: None,
+        });
+        self.join_with(backend, inputs.collect())
+    }
+
+    /// As [`RunningBatch::join`], where the inputs encoded ahead of their turn
+    /// ([`encode_each`]) are placed as they are and only the others go through the encoder.
+    /// On an error nothing joins.
+    pub fn join_with(
+        &mut self,
+        backend: &mut B,
+        inputs: Vec<Joining<T, B::Encoded>>,
+    ) -> Result<Vec<(T, DecodeOutput)>, BackendError> {
+        let (joining, empty): (Vec<_>, Vec<_>) = inputs
             .into_iter()
-            .partition(|(_, input)| input.max_output_tokens > 0);
+            .partition(|joining| joining.input.max_output_tokens > 0);
+        let (ready, mut fresh): (Vec<_>, Vec<_>) =
+            joining.into_iter().partition(|j| j.encoded.is_some());
         // Shortest first, so that short sources share a run instead of each being padded
         // beside a long one.
-        joining.sort_by_key(|(_, input)| input.source_ids.len());
-        if !joining.is_empty() {
-            let sources: Vec<&[i64]> = joining
+        fresh.sort_by_key(|joining| joining.input.source_ids.len());
+        let free = (0..self.rows.len()).filter(|&r| matches!(self.rows[r], Row::Ghost { .. }));
+        let slots: Vec<usize> = free
+            .chain(self.rows.len()..)
+            .take(fresh.len() + ready.len())
+            .collect();
+        let (fresh_slots, ready_slots) = slots.split_at(fresh.len());
+        if !fresh.is_empty() {
+            let sources: Vec<&[i64]> = fresh
                 .iter()
-                .map(|(_, input)| input.source_ids.as_slice())
+                .map(|joining| joining.input.source_ids.as_slice())
                 .collect();
-            let free = (0..self.rows.len()).filter(|&r| matches!(self.rows[r], Row::Ghost { .. }));
-            let slots: Vec<usize> = free.chain(self.rows.len()..).take(joining.len()).collect();
             let lengths: Vec<usize> = sources.iter().map(|s| s.len()).collect();
             for piece in memory::pieces(&lengths, memory::PAIRS_PER_RUN) {
                 let new = backend.encode(&sources[piece.clone()])?;
-                backend.place(&mut self.tensors, new, &slots[piece])?;
+                backend.place(&mut self.tensors, new, &fresh_slots[piece])?;
             }
-            self.live += joining.len();
-            for ((tag, input), slot) in joining.into_iter().zip(slots) {
-                let row = Row::Live(Sequence {
-                    tag,
-                    ids: Vec::with_capacity(input.max_output_tokens),
-                    eos: input.eos,
-                    max_tokens: input.max_output_tokens,
-                    target_length: input.target_length.unwrap_or(0) as i64,
-                    no_repeat_ngram_size: input.no_repeat_ngram_size,
-                    log_prob: input.score.then_some(0.0),
-                    ending: input.ending,
-                    closed_freely: false,
-                });
-                if slot < self.rows.len() {
-                    self.rows[slot] = row;
-                } else {
-                    self.rows.push(row);
-                }
+        }
+        let mut joined = Vec::with_capacity(slots.len());
+        for (joining, &slot) in ready.into_iter().zip(ready_slots) {
+            let encoded = joining.encoded.expect("partitioned on it");
+            backend.place(&mut self.tensors, encoded, &[slot])?;
+            joined.push((joining.tag, joining.input));
+        }
+        joined.extend(fresh.into_iter().map(|j| (j.tag, j.input)));
+        self.live += joined.len();
+        let placed = ready_slots.iter().chain(fresh_slots);
+        for ((tag, input), &slot) in joined.into_iter().zip(placed) {
+            let row = Row::Live(Sequence {
+                tag,
+                ids: Vec::with_capacity(input.max_output_tokens),
+                eos: input.eos,
+                max_tokens: input.max_output_tokens,
+                target_length: input.target_length.unwrap_or(0) as i64,
+                no_repeat_ngram_size: input.no_repeat_ngram_size,
+                log_prob: input.score.then_some(0.0),
+                ending: input.ending,
+                closed_freely: false,
+            });
+            if slot < self.rows.len() {
+                self.rows[slot] = row;
+            } else {
+                self.rows.push(row);
             }
         }
         Ok(empty
             .into_iter()
-            .map(|(tag, input)| {
+            .map(|Joining { tag, input, .. }| {
                 let output = DecodeOutput {
                     ids: Vec::new(),
                     stop: StopReason::MaxLength,
@@ -711,6 +768,9 @@ mod tests {
         type Encoded = usize;
         fn encode(&mut self, sources: &[&[i64]]) -> Result<usize, BackendError> {
             Ok(sources.len())
+        }
+        fn split(&self, encoded: usize) -> Vec<usize> {
+            vec![1; encoded]
         }
         fn place(
             &mut self,

@@ -340,10 +340,12 @@ pub struct OrtRows {
     memory_shapes: Vec<Vec<Vec<usize>>>,
 }
 
-/// Sentences fresh from the encoder: every memory output, batch-first.
+/// Sentences fresh from the encoder: every memory output of one run, batch-first, and each
+/// sentence's row of it. Sentences split from one run ([`Backend::split`]) share its outputs
+/// rather than copy them; the outputs go once the last of them is placed or dropped.
 pub struct OrtEncoded {
-    memory: Vec<ndarray::ArrayD<f32>>,
-    rows: usize,
+    memory: Arc<[ndarray::ArrayD<f32>]>,
+    rows: Vec<usize>,
 }
 
 fn ort_error<R>(context: &str) -> impl FnOnce(ort::Error<R>) -> BackendError + '_ {
@@ -507,8 +509,8 @@ impl OrtBackend {
         let memory = self.encoder_memory(batch, pairs, ids, mask);
         crate::memory::after_run(pairs);
         Ok(OrtEncoded {
-            memory: memory?,
-            rows: batch,
+            memory: memory?.into(),
+            rows: (0..batch).collect(),
         })
     }
 
@@ -548,17 +550,21 @@ impl Backend for OrtBackend {
             })
             .collect();
         let encoded = self.encode_distinct(&distinct)?;
-        if distinct.len() == sources.len() {
-            return Ok(encoded);
-        }
         Ok(OrtEncoded {
-            memory: encoded
-                .memory
-                .iter()
-                .map(|m| m.select(ndarray::Axis(0), &of_row))
-                .collect(),
-            rows: sources.len(),
+            memory: encoded.memory,
+            rows: of_row,
         })
+    }
+
+    fn split(&self, encoded: OrtEncoded) -> Vec<OrtEncoded> {
+        encoded
+            .rows
+            .iter()
+            .map(|&row| OrtEncoded {
+                memory: Arc::clone(&encoded.memory),
+                rows: vec![row],
+            })
+            .collect()
     }
 
     fn place(
@@ -567,10 +573,10 @@ impl Backend for OrtBackend {
         new: OrtEncoded,
         slots: &[usize],
     ) -> Result<(), BackendError> {
-        if slots.len() != new.rows {
+        if slots.len() != new.rows.len() {
             return Err(BackendError::Inference(format!(
                 "{} encoded rows for {} slots",
-                new.rows,
+                new.rows.len(),
                 slots.len()
             )));
         }
@@ -593,11 +599,11 @@ impl Backend for OrtBackend {
             .memory
             .iter_mut()
             .zip(rows.memory_shapes.iter_mut())
-            .zip(&new.memory)
+            .zip(new.memory.iter())
         {
             buffer.reserve(width, &memory.shape()[1..]);
             shapes.resize(width, Vec::new());
-            for (row, &slot) in slots.iter().enumerate() {
+            for (&row, &slot) in new.rows.iter().zip(slots) {
                 let row = memory.index_axis(ndarray::Axis(0), row);
                 buffer.write_row(slot, &row);
                 shapes[slot] = row.shape().to_vec();

@@ -89,6 +89,19 @@ impl Backend for CopyBackend {
         })
     }
 
+    fn split(&self, encoded: CopyRows) -> Vec<CopyRows> {
+        encoded
+            .sources
+            .into_iter()
+            .map(|source| CopyRows {
+                sources: vec![source],
+                cache: vec![Vec::new()],
+                ghost: vec![false],
+                off_script: vec![false],
+            })
+            .collect()
+    }
+
     fn step(
         &mut self,
         rows: &mut CopyRows,

@@ -13,7 +13,7 @@ use axum::http::{header, Request, StatusCode};
 use http_body_util::BodyExt;
 use ndarray::Array2;
 use nmt_engine::backend::Backend;
-use nmt_engine::onnx::{self, OrtBackend, OrtRows, SessionOptions};
+use nmt_engine::onnx::{self, OrtBackend, OrtEncoded, OrtRows, SessionOptions};
 use nmt_engine::package::ModelPackage;
 use nmt_server::{app, Args, TranslateResponse};
 use tower::ServiceExt;
@@ -280,6 +280,39 @@ fn moved_rows_and_refilled_slots_continue_like_a_fresh_batch() {
     assert_close(&kept, &alone_second, "step 1 after a move");
     let joined = shared.slice(ndarray::s![2..3, ..]).to_owned();
     assert_close(&joined, &fourth_first, "a sentence in a freed slot");
+}
+
+#[test]
+fn texts_encoded_in_one_run_and_placed_apart_step_like_texts_encoded_alone() {
+    let mut backend = backend();
+    let bos = i64::from(package().manifest.bos_id);
+    // Of unlike lengths (the run pads to the longest), one repeated (encoded once, two rows).
+    let sources: Vec<Vec<i64>> = [SENTENCES[3], SENTENCES[0], SENTENCES[3], SENTENCES[1]]
+        .iter()
+        .map(|s| source_ids(s))
+        .collect();
+    let refs: Vec<&[i64]> = sources.iter().map(|s| s.as_slice()).collect();
+    let encoded = backend.encode(&refs).unwrap();
+    let mut each: Vec<Option<OrtEncoded>> = backend.split(encoded).into_iter().map(Some).collect();
+    assert_eq!(each.len(), sources.len());
+    // Placed one call at a time, in another order than the run's: slot s takes text order[s].
+    let order = [3, 1, 0, 2];
+    let mut rows = OrtRows::default();
+    for (slot, &text) in order.iter().enumerate() {
+        let encoded = each[text].take().unwrap();
+        backend.place(&mut rows, encoded, &[slot]).unwrap();
+    }
+    let together = backend
+        .step(&mut rows, &[bos; 4], &[0; 4], &[0; 4])
+        .unwrap();
+    for (slot, &text) in order.iter().enumerate() {
+        let mut alone = OrtRows::default();
+        let encoded = backend.encode(&[sources[text].as_slice()]).unwrap();
+        backend.place(&mut alone, encoded, &[0]).unwrap();
+        let expected = backend.step(&mut alone, &[bos], &[0], &[0]).unwrap();
+        let got = together.slice(ndarray::s![slot..slot + 1, ..]).to_owned();
+        assert_close(&got, &expected, &format!("text {text} in slot {slot}"));
+    }
 }
 
 #[test]
