@@ -590,15 +590,16 @@ fn waiting(jobs: &BTreeMap<JobId, ActiveJob>, limit: usize) -> Vec<(Tag, &[i64])
 /// view, 2.3 with one batch's worth.
 const AHEAD_WINDOW_BATCHES: usize = 3;
 /// Most texts one encoder run takes: beyond 8 sorted texts a run, an int8 encoder went no
-/// faster a text (0.59 ms at 8, 0.69 at 16).
+/// faster a text (0.59 ms at 8, 0.69 at 16), and a server capped at 4 a run went as fast.
 const AHEAD_RUN_TEXTS: usize = 8;
 /// Texts share an encoder run when the longer is at most this many times the shorter.
 const AHEAD_LENGTH_RATIO: f64 = 1.25;
 /// Texts longer than this many source tokens are not encoded ahead: a long text's own length
 /// spreads the run's fixed cost, and its memory would wait in the worker.
 const AHEAD_MAX_SOURCE_TOKENS: usize = 128;
-/// Most source tokens whose encoder memory waits in a worker (some 12 MiB for a 3-layer,
-/// 512-wide decoder's cross-attention keys and values).
+/// Most source tokens whose encoder memory waits in a worker: the cross-attention keys and
+/// values, 6 KiB a token for the shipped 3-layer, 256-wide decoder (some 6 MiB, more with the
+/// padding of the runs they came from), 24 KiB for a 6-layer, 512-wide one.
 const AHEAD_MAX_TOKENS: usize = 1024;
 
 /// Waiting texts encoded ahead of their turn, by tag, with the source tokens each holds.
