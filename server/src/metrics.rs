@@ -35,6 +35,7 @@ pub struct Metrics {
     pub input_length: HistogramVec,
     pub output_length: HistogramVec,
     pub batch_size: HistogramVec,
+    pub encoder_run_texts: HistogramVec,
     pub queue_depth: IntGaugeVec,
     pub sequences_in_flight: IntGaugeVec,
     pub expected_queue_wait: GaugeVec,
@@ -60,6 +61,7 @@ pub const UNMATCHED_ENDPOINT: &str = "unmatched";
 #[derive(Clone)]
 pub struct WorkerMetrics {
     pub batch_size: Histogram,
+    pub encoder_run_texts: Histogram,
     pub queue_depth: IntGauge,
     pub sequences_in_flight: IntGauge,
     pub expected_queue_wait: Gauge,
@@ -165,6 +167,13 @@ impl Metrics {
                 BATCH_BUCKETS,
                 &["model"],
             ),
+            encoder_run_texts: histogram(
+                &r,
+                "nmt_encoder_run_texts",
+                "Texts encoded in one run as texts join the batch: those joining, and the waiting texts of like length encoded ahead with them.",
+                BATCH_BUCKETS,
+                &["model"],
+            ),
             queue_depth: gauge(
                 &r,
                 "nmt_queue_depth",
@@ -259,6 +268,7 @@ impl Metrics {
     pub fn worker(&self, model: &str) -> WorkerMetrics {
         WorkerMetrics {
             batch_size: self.batch_size.with_label_values(&[model]),
+            encoder_run_texts: self.encoder_run_texts.with_label_values(&[model]),
             queue_depth: self.queue_depth.with_label_values(&[model]),
             sequences_in_flight: self.sequences_in_flight.with_label_values(&[model]),
             expected_queue_wait: self.expected_queue_wait.with_label_values(&[model]),

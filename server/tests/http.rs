@@ -671,6 +671,9 @@ async fn metrics_are_exported_by_model_and_input_length() {
         "nmt_length_deviation_tokens_sum{model=\"dev-copy\"} 0",
         "nmt_length_deviation_tokens_count{model=\"dev-copy\"} 2",
         "nmt_batch_size_count{model=\"dev-copy\"} 3",
+        // The request's two texts join together, alike in length: one run.
+        "nmt_encoder_run_texts_count{model=\"dev-copy\"} 1",
+        "nmt_encoder_run_texts_sum{model=\"dev-copy\"} 2",
         "nmt_queue_depth{model=\"dev-copy\"} 0",
         "nmt_sequences_in_flight{model=\"dev-copy\"} 0",
         "nmt_errors_total{type=\"invalid_request\"} 1",

@@ -407,6 +407,7 @@ impl<B: Backend> Worker<B> {
                     .map(|&i| prepared[i].input.source_ids.as_slice())
                     .collect();
                 sources.extend(companions.iter().map(|&(_, source)| source));
+                self.metrics.encoder_run_texts.observe(sources.len() as f64);
                 encode_each(&mut self.backend, &sources)?
             };
             let mut each = each.into_iter();
