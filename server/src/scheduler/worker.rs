@@ -390,12 +390,12 @@ impl<B: Backend> Worker<B> {
         fresh.sort_by_key(|&i| length(&prepared[i]));
         while let Some(&first) = fresh.first() {
             let shortest = length(&prepared[first]);
-            let alike = fresh
+            let together = fresh
                 .iter()
                 .take(AHEAD_RUN_TEXTS)
                 .take_while(|&&i| alike(shortest, length(&prepared[i])))
                 .count();
-            let run: Vec<usize> = fresh.drain(..alike).collect();
+            let run: Vec<usize> = fresh.drain(..together).collect();
             let companions = self.ahead.companions(
                 shortest,
                 AHEAD_RUN_TEXTS - run.len(),
@@ -586,7 +586,7 @@ fn waiting(jobs: &BTreeMap<JobId, ActiveJob>, limit: usize) -> Vec<(Tag, &[i64])
 }
 
 /// Waiting texts are encoded ahead among the first this many batches' worth of texts in line:
-/// under 64 clients two workers of 8 rows each hold some 24 waiting texts, and a simulation of
+/// under 64 clients each of two workers of 8 rows holds some 24 waiting texts, and a simulation of
 /// that line (session 32) found 4 to 5 texts of like length a run with the whole line in
 /// view, 2.3 with one batch's worth.
 const AHEAD_WINDOW_BATCHES: usize = 3;
