@@ -146,13 +146,14 @@ fn load_model(
         "model loaded"
     );
     if manifest.precision == model_package::Precision::Int8 && execution_provider == "CUDA" {
-        // Measured on an H100 (docs/benchmarks/cuda.md, session 29): nmt-eval over the test
-        // books at 8 sentences/s for the int8 package against 54 for its float32 twin, both
-        // while trainings shared the GPU.
+        // Measured on an H100 (docs/benchmarks/cuda.md, session 33, the GPU to itself):
+        // nmt-eval over the test books at 67 sentences/s for the int8 package against 101 for
+        // its float32 twin, and 329 of 461 translations the CPU's int8 kernel would give.
         tracing::warn!(
             model = %manifest.name,
-            "an int8 package on CUDA runs several times slower than its float32 twin there: \
-             int8 packages are made for CPUs; serve the float32 package on a GPU"
+            "an int8 package on CUDA runs slower than its float32 twin there (its products run \
+             as ONNX Runtime's generic integer nodes), and some of its translations differ from \
+             the same package's on a CPU: int8 packages are made for CPUs; serve the float32 package on a GPU"
         );
     }
     let bound = MemoryBound::new(
