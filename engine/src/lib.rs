@@ -24,6 +24,7 @@
 //! - `testing` (the crate's own tests, and the `testing` feature): a backend without ONNX
 //!   Runtime, the dev package's manifest and tokenizers.
 
+mod attention_lanes;
 pub mod backend;
 mod by_cpu;
 pub mod char_length;
