@@ -613,44 +613,48 @@ mod tests {
 
     #[test]
     fn skipping_masked_columns_gives_the_bodys_result() {
-        let shape = StepShape {
-            batch: 3,
-            heads: 2,
-            len: 7,
-            head_dim: 20,
-        };
-        let size = shape.batch * shape.heads * shape.len * shape.head_dim;
-        let (q, keys, values) = (
-            numbers(shape.batch * shape.heads * shape.head_dim, 1),
-            numbers(size, 2),
-            numbers(size, 3),
-        );
-        // Row 0 sees 3 columns, row 1 all 7, row 2 none (uniform over all, as the body).
-        let mut bias = vec![0.0; shape.batch * shape.len];
-        for j in 3..7 {
-            bias[j] = -1e9;
+        // A head of 20 scores one key at a time; one of 64 with 23 columns, in blocks of
+        // sixteen keys and the rest one at a time.
+        for (head_dim, len) in [(20, 7), (64, 23)] {
+            let shape = StepShape {
+                batch: 3,
+                heads: 2,
+                len,
+                head_dim,
+            };
+            let size = shape.batch * shape.heads * shape.len * shape.head_dim;
+            let (q, keys, values) = (
+                numbers(shape.batch * shape.heads * shape.head_dim, 1),
+                numbers(size, 2),
+                numbers(size, 3),
+            );
+            // Row 0 sees 3 columns, row 1 all, row 2 none (uniform over all, as the body).
+            let mut bias = vec![0.0; shape.batch * len];
+            for j in 3..len {
+                bias[j] = -1e9;
+            }
+            for j in 0..len {
+                bias[2 * len + j] = -1e9;
+            }
+            bias[len + 1] = -0.5; // an ordinary additive bias stays
+            let inputs = StepInputs {
+                shape,
+                q: &q,
+                keys: &keys,
+                values: &values,
+                bias: &bias,
+                scale: 0.125,
+            };
+            let mut out = vec![f32::NAN; q.len()];
+            attention_step(&inputs, &mut out);
+            for (got, want) in out.iter().zip(reference(&inputs)) {
+                assert!((got - want).abs() < 1e-5, "{got} against {want}");
+            }
+            // The copy this CPU picked gives the baseline copy's bits.
+            let mut baseline = vec![f32::NAN; q.len()];
+            attention_step_lanes(&inputs, &mut baseline);
+            assert_eq!(bits(&out), bits(&baseline));
         }
-        for j in 0..7 {
-            bias[14 + j] = -1e9;
-        }
-        bias[8] = -0.5; // an ordinary additive bias stays
-        let inputs = StepInputs {
-            shape,
-            q: &q,
-            keys: &keys,
-            values: &values,
-            bias: &bias,
-            scale: 0.125,
-        };
-        let mut out = vec![f32::NAN; q.len()];
-        attention_step(&inputs, &mut out);
-        for (got, want) in out.iter().zip(reference(&inputs)) {
-            assert!((got - want).abs() < 1e-5, "{got} against {want}");
-        }
-        // The copy this CPU picked gives the baseline copy's bits.
-        let mut baseline = vec![f32::NAN; q.len()];
-        attention_step_lanes(&inputs, &mut baseline);
-        assert_eq!(bits(&out), bits(&baseline));
     }
 
     fn bits(values: &[f32]) -> Vec<u32> {
