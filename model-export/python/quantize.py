@@ -27,9 +27,13 @@ weights of up to ±63 (7 bits) never saturate, full 8-bit weights can. `nmt-expo
 picks 8 bits where the CPU quantizing has VNNI and records the choice in the manifest.
 
 The tied output projection (`logits = x @ E^T`, a Gemm with transB that reads the embedding
-table) is first rewritten as a MatMul against its own stored transpose. Embedding lookups
-(Gather) and recurrent layers (GRU, LSTM) stay float32: a lookup has no arithmetic to save,
-and ONNX has no integer recurrent op.
+table) is first rewritten as a MatMul against its own stored transpose. Embedding tables of
+at least 1,024 rows (the vocabulary's) are then stored as int8 rows, one float32 scale a row,
+and looked up as a `Gather` of each, a `Cast` and a `Mul`: a lookup has no arithmetic to save,
+but every session keeps its own copy of its tables (the encoder, and the decoder of every
+model worker), 12 MB a float32 table of 12,000 subwords at width 256. Smaller tables (Shaw's
+relative tables, positions) stay float32, and so do recurrent layers (GRU, LSTM): ONNX has no
+integer recurrent op.
 
 Prints a JSON report of what was quantized on stdout. `nmt-export quantize` runs this: the
 binary carries this file (include_str!) and runs it with `python3 -c`, so it imports nothing
@@ -72,6 +76,10 @@ TINY = 1e-30
 FUSED_DOMAIN = "nmt"
 FUSED_DOMAIN_VERSION = 1
 ROW_QUANTIZED_MATMUL = "RowQuantizedMatMul"
+# Lookup tables of at least this many rows are stored as int8 rows; the int8 range of a lookup
+# is always the full one (no integer product to saturate).
+LOOKUP_ROWS = 1024
+LOOKUP_QMAX = 127
 
 
 def fail(message: str) -> NoReturn:
@@ -149,6 +157,56 @@ def untie_logits(graph: onnx.GraphProto, logits: str) -> bool:
     del node.attribute[:]
     # The table stays: the embedding lookup still reads it.
     return True
+
+
+def quantize_lookups(graph: onnx.GraphProto) -> int:
+    """Rewrites each `Gather(E, ids)` along axis 0 of a stored float32 table of at least
+    LOOKUP_ROWS rows as `Cast(Gather(E_int8, ids)) * Gather(scales, ids)`, one scale a row
+    (its absolute maximum over LOOKUP_QMAX), and drops the float table; returns how many."""
+    stored = initializers(graph)
+    order: list[onnx.NodeProto] = []
+    # Each table's int8 rows and scales, by the float table's name.
+    tables: dict[str, tuple[str, str]] = {}
+    for node in graph.node:
+        table = stored.get(node.input[0]) if node.op_type == "Gather" else None
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        if (
+            table is None
+            or axis != 0
+            or table.data_type != TensorProto.FLOAT
+            or len(table.dims) != 2
+            or table.dims[0] < LOOKUP_ROWS
+        ):
+            order.append(node)
+            continue
+        if node.input[0] not in tables:
+            weights = numpy_helper.to_array(table)
+            peak = np.abs(weights).max(axis=1, keepdims=True)
+            scale = np.where(peak > 0, peak / LOOKUP_QMAX, 1.0).astype(np.float32)
+            values = np.clip(np.round(weights / scale), -LOOKUP_QMAX, LOOKUP_QMAX).astype(np.int8)
+            names = (
+                fresh_name(graph, node.input[0] + ".int8.rows"),
+                fresh_name(graph, node.input[0] + ".int8.row_scales"),
+            )
+            graph.initializer.append(numpy_helper.from_array(values, names[0]))
+            graph.initializer.append(numpy_helper.from_array(scale, names[1]))
+            tables[node.input[0]] = names
+        rows, scales = tables[node.input[0]]
+        ids, out = node.input[1], node.output[0]
+        looked_up, row_scale, widened = (fresh_name(graph, f"{out}.{part}") for part in ("int8", "scale", "float"))
+        order += [
+            helper.make_node("Gather", [rows, ids], [looked_up], name=f"{node.name}.int8", axis=0),
+            helper.make_node("Gather", [scales, ids], [row_scale], name=f"{node.name}.scale", axis=0),
+            helper.make_node("Cast", [looked_up], [widened], name=f"{node.name}.cast", to=TensorProto.FLOAT),
+            helper.make_node("Mul", [widened, row_scale], [out], name=f"{node.name}.scaled"),
+        ]
+    order = [onnx.NodeProto.FromString(n.SerializeToString()) for n in order]
+    del graph.node[:]
+    graph.node.extend(order)
+    still_read = {v for n in graph.node for v in n.input}
+    for tensor in [t for t in graph.initializer if t.name in tables and t.name not in still_read]:
+        graph.initializer.remove(tensor)
+    return len(tables)
 
 
 def fresh_name(graph: onnx.GraphProto, wanted: str) -> str:
@@ -369,6 +427,7 @@ def quantize(
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     rewriter = Rewriter(model.graph, opset, (1 << (weight_bits - 1)) - 1, fused)
     replaced = rewriter.run()
+    lookups = quantize_lookups(model.graph)
     if fused:
         if not any(o.domain == FUSED_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, FUSED_DOMAIN_VERSION))
@@ -393,6 +452,7 @@ def quantize(
         "matmul_integer": integer,
         "row_quantizers": len(rewriter.rows),
         "untied_logits": untied,
+        "int8_lookups": lookups,
         "op_counts": dict(sorted(ops.items())),
     }
 
@@ -431,7 +491,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "op_types": ["MatMul"],
+                "op_types": ["MatMul", "Gather"],
                 "onnxruntime": onnxruntime.__version__,
                 "onnx": onnx.__version__,
                 "graph": graph,

@@ -40,8 +40,10 @@ enum Command {
     /// embedding table), gets int8 weights with one scale per output channel; activations
     /// are quantized one row (one token of one sentence) at a time as the graphs run, so a
     /// translation does not depend on its batch-mates. Run by python3 (numpy, onnx,
-    /// onnxruntime). Embedding lookups, GRU/LSTM layers and the length predictor stay
-    /// float32. The package contract is unchanged, so nmt-server serves it as any other.
+    /// onnxruntime). Embedding tables of 1,024 rows or more become int8 rows with a scale
+    /// each (a quarter of the memory in every session that loads them); GRU/LSTM layers and
+    /// the length predictor stay float32. The package contract is unchanged, so nmt-server
+    /// serves it as any other.
     Quantize(model_export::quantize::QuantizeArgs),
     /// Read a float32 Transformer-family package back into a checkpoint (config.json,
     /// model.safetensors, trainer_state.json with the package's provenance), so that

@@ -136,6 +136,10 @@ pub struct GraphReport {
     pub row_quantizers: usize,
     /// Whether the tied output projection was rewritten against its own transposed copy.
     pub untied_logits: bool,
+    /// Embedding tables stored as int8 rows (one scale a row) and looked up as such. Absent
+    /// from older reports, whose tables stayed float32.
+    #[serde(default)]
+    pub int8_lookups: usize,
     /// Nodes of the quantized graph by op type.
     pub op_counts: BTreeMap<String, usize>,
 }

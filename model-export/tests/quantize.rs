@@ -584,7 +584,7 @@ fn check_package_files(float: &Path, int8: &Path, export: &model_export::ExportA
     assert_eq!(copied.evaluation, serde_json::Value::Null);
     assert_eq!(
         copied.quantization["op_types"],
-        serde_json::json!(["MatMul"])
+        serde_json::json!(["MatMul", "Gather"])
     );
 
     let again = quantize_package(&QuantizeArgs {
