@@ -10,15 +10,16 @@
 //! adds up one key's lanes in that same order. The softmax's `e^x` is this module's own
 //! ([`exp`], plain float operations, sixteen at a time) rather than the C library's, a call a
 //! value whose FMA and SSE2 copies need not agree. One key at a time with the library's
-//! `expf`, a cross-attention step of 8 rows (3 layers, 45 source subwords) took 66 µs; with
-//! both, 42 (`docs/benchmarks/ctranslate2-gap.md`, session 33).
+//! `expf`, a cross-attention step of 8 rows (3 layers, 45 source subwords) took 65-67 µs; with
+//! both, 43 (`fused::tests::cross_attention_step_time`; `docs/benchmarks/ctranslate2-gap.md`,
+//! session 33).
 
 /// Lanes of partial sums of a dot product, and keys scored together by [`dots_into`].
 const LANES: usize = 16;
 
 /// Below this many keys left, [`dots_into`] scores them one at a time rather than in a block
 /// of sixteen filled up with keys already scored: a block of up to 12 keys took 29-32 ns, one
-/// key at a time 5.3 ns a key (head of 64, keys in L1).
+/// key at a time 5.3 ns a key (head of 64, keys in L1; a timing probe, not kept).
 const FEWEST_FOR_A_BLOCK: usize = 6;
 
 /// `a . b` in the module's order: sixteen partial sums, then added in order.
@@ -64,7 +65,8 @@ pub(crate) fn dots_into<'k>(
         let mut keys = keys;
         let mut block: [&[f32]; LANES] = [q; LANES];
         while keys.len() >= FEWEST_FOR_A_BLOCK {
-            // Indexing rather than `zip(keys.by_ref())`, whose `next` is compiled out of line.
+            // Taken by count rather than through `zip(keys.by_ref())`, whose `next` is
+            // compiled out of line.
             let taken = keys.len().min(LANES);
             for slot in block.iter_mut().take(taken) {
                 let key = keys.next().expect("as many keys as their count");

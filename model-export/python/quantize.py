@@ -180,10 +180,7 @@ def quantize_lookups(graph: onnx.GraphProto) -> int:
             order.append(node)
             continue
         if node.input[0] not in tables:
-            weights = numpy_helper.to_array(table)
-            peak = np.abs(weights).max(axis=1, keepdims=True)
-            scale = np.where(peak > 0, peak / LOOKUP_QMAX, 1.0).astype(np.float32)
-            values = np.clip(np.round(weights / scale), -LOOKUP_QMAX, LOOKUP_QMAX).astype(np.int8)
+            values, scale = quantized_weight(numpy_helper.to_array(table), LOOKUP_QMAX, axis=1)
             names = (
                 fresh_name(graph, node.input[0] + ".int8.rows"),
                 fresh_name(graph, node.input[0] + ".int8.row_scales"),
@@ -218,10 +215,11 @@ def fresh_name(graph: onnx.GraphProto, wanted: str) -> str:
     return name
 
 
-def quantized_weight(weight: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """int8 weights and float32 scales, one per output column; an all-zero column keeps
-    scale 1 (its products are 0 whatever the scale)."""
-    peak = np.abs(weight).max(axis=0)
+def quantized_weight(weight: np.ndarray, qmax: int, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """int8 weights and float32 scales, one scale per slice across `axis` (kept as a length-1
+    axis): per output column of a product's `[in, out]` matrix for axis 0, per row of a lookup
+    table for axis 1. An all-zero slice keeps scale 1 (its values are 0 whatever the scale)."""
+    peak = np.abs(weight).max(axis=axis, keepdims=True)
     scale = np.where(peak > 0, peak / qmax, 1.0).astype(np.float32)
     # np.round rounds half to even, as ONNX's QuantizeLinear does.
     values = np.clip(np.round(weight / scale), -qmax, qmax).astype(np.int8)
@@ -339,6 +337,7 @@ class Rewriter:
     def replace(self, node: onnx.NodeProto, at: int) -> None:
         weight = numpy_helper.to_array(self.stored[node.input[1]])
         values, scale = quantized_weight(weight, self.weight_qmax)
+        scale = scale.reshape(-1)
         p = fresh_name(self.graph, f"{node.input[1]}.int8")
         self.graph.initializer.extend(
             [numpy_helper.from_array(values, f"{p}.values"), numpy_helper.from_array(scale, f"{p}.scale")]
