@@ -697,6 +697,8 @@ impl Backend for OrtBackend {
                 logits.shape()
             )));
         }
+        // Checked non-negative above.
+        let columns_at: Vec<usize> = positions.iter().map(|&p| p as usize).collect();
         for (slot, buffer) in self.layout.states.iter().zip(rows.state.iter_mut()) {
             let present = outputs
                 .get(slot.present.as_str())
@@ -718,12 +720,7 @@ impl Backend for OrtBackend {
                 )));
             }
             match slot.spec.time_axis() {
-                Some(axis) => {
-                    for (row, &position) in positions.iter().enumerate() {
-                        let column = present.index_axis(ndarray::Axis(0), row);
-                        buffer.write_column(row, axis - 1, position as usize, &column);
-                    }
-                }
+                Some(axis) => buffer.write_columns(axis - 1, &present, &columns_at),
                 None => buffer.assign_rows(&present),
             }
         }

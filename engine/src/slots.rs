@@ -103,19 +103,38 @@ impl SlotBuffer {
         self.data.index_axis_mut(Axis(0), to).assign(&row);
     }
 
-    /// Writes `column` (a row whose axis `axis` has length 1) at `index` of that axis of
-    /// `slot`'s row.
-    pub fn write_column(
-        &mut self,
-        slot: usize,
-        axis: usize,
-        index: usize,
-        column: &ArrayViewD<'_, f32>,
-    ) {
-        self.data
-            .index_axis_mut(Axis(0), slot)
-            .index_axis_mut(Axis(axis), index)
-            .assign(&column.index_axis(Axis(axis), 0));
+    /// Writes one column a row: `columns` is `[rows, ..]`, each row shaped as the buffer's
+    /// but of length 1 on row axis `axis`, and row `r`'s goes to index `at[r]` of that axis
+    /// in slot `r`. By offsets into both tensors rather than a view a row: a decoder step
+    /// writes one column a row and state, and each view of a dynamic rank allocated its
+    /// shape.
+    pub fn write_columns(&mut self, axis: usize, columns: &ArrayViewD<'_, f32>, at: &[usize]) {
+        let shape = self.data.shape();
+        let mut expected = shape.to_vec();
+        expected[0] = at.len();
+        expected[axis + 1] = 1;
+        assert_eq!(
+            columns.shape(),
+            expected.as_slice(),
+            "columns of the buffer's rows"
+        );
+        let outer: usize = shape[1..axis + 1].iter().product();
+        let room = shape[axis + 1];
+        let inner: usize = shape[axis + 2..].iter().product();
+        let columns = columns.as_standard_layout();
+        let from = columns.as_slice().expect("a standard layout");
+        let to = self
+            .data
+            .as_slice_mut()
+            .expect("a buffer is allocated in standard layout and never sliced");
+        for (row, &index) in at.iter().enumerate() {
+            assert!(index < room, "column {index} of a room of {room}");
+            for o in 0..outer {
+                let source = (row * outer + o) * inner;
+                let target = ((row * outer + o) * room + index) * inner;
+                to[target..target + inner].copy_from_slice(&from[source..source + inner]);
+            }
+        }
     }
 
     /// The first `width` slots, every row axis at its full room (contiguous: no copy).
@@ -166,19 +185,21 @@ mod tests {
         // [slots, heads = 2, time, 1]
         let mut buffer = SlotBuffer::new(3);
         buffer.reserve(2, &[2, 3, 1]);
-        let column = |x: f32| {
-            ArrayView::from_shape((2, 1, 1), &[x, -x])
+        // One column a row: slot 0's at time 1, slot 1's at time 0, then slot 1's at 2.
+        let columns = |x: [f32; 2]| {
+            ArrayView::from_shape((2, 2, 1, 1), &[x[0], -x[0], x[1], -x[1]])
                 .unwrap()
                 .into_dyn()
                 .to_owned()
         };
-        buffer.write_column(1, 1, 0, &column(1.0).view());
-        buffer.write_column(1, 1, 2, &column(2.0).view());
-        let row1 = buffer.view(2).index_axis(Axis(0), 1).to_owned();
-        assert_eq!(
-            row1.into_shape_with_order((2, 3)).unwrap(),
-            array![[1.0, 0.0, 2.0], [-1.0, 0.0, -2.0]]
-        );
+        buffer.write_columns(1, &columns([9.0, 1.0]).view(), &[1, 0]);
+        buffer.write_columns(1, &columns([9.0, 2.0]).view(), &[1, 2]);
+        let row = |slot: usize| {
+            let row = buffer.view(2).index_axis(Axis(0), slot).to_owned();
+            row.into_shape_with_order((2, 3)).unwrap()
+        };
+        assert_eq!(row(0), array![[0.0, 9.0, 0.0], [0.0, -9.0, 0.0]]);
+        assert_eq!(row(1), array![[1.0, 0.0, 2.0], [-1.0, 0.0, -2.0]]);
         buffer.copy_row(1, 0);
         assert_eq!(
             buffer.view(1),
