@@ -105,9 +105,9 @@ impl SlotBuffer {
 
     /// Writes one column a row: `columns` is `[rows, ..]`, each row shaped as the buffer's
     /// but of length 1 on row axis `axis`, and row `r`'s goes to index `at[r]` of that axis
-    /// in slot `r`. By offsets into both tensors rather than a view a row: a decoder step
-    /// writes one column a row and state, and each view of a dynamic rank allocated its
-    /// shape.
+    /// in slot `r`. By offsets into both tensors rather than two views a row and an
+    /// element-wise `assign`: a decoder step writes one column a row and state, and
+    /// ndarray works out a dynamic-rank view's shape and strides on every call.
     pub fn write_columns(&mut self, axis: usize, columns: &ArrayViewD<'_, f32>, at: &[usize]) {
         let shape = self.data.shape();
         let mut expected = shape.to_vec();
